@@ -1,0 +1,249 @@
+#!/usr/bin/env python
+"""Write real Megatron-Core 0.16.1 / PyTorch-DCP checkpoints on CPU, and rebuild sample_ckpts/.
+
+    python tools/make_sample_ckpts.py                      # rebuild sample_ckpts/ (seeded)
+    python tools/make_sample_ckpts.py --out DIR --format torch_dist --tp 2 --pp 2 --dp 2 \
+        --layers 4 --hidden 32 --heads 4 --vocab-size 200 --make-vocab-size-divisible-by 128 \
+        --optim-sharding dp_reshardable --iterations 1 2 --half-written before_metadata \
+        --seed 1234
+
+Python API (importable by path; importing is cheap, torch/megatron load only in workers):
+
+    make_checkpoint(out_dir, format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16,
+                    heads=4, vocab_size=100, make_vocab_size_divisible_by=64,
+                    optim_sharding="dp_reshardable", iterations=(1,), half_written="none",
+                    seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,
+                    lr=1e-3, train_iters=10, dcp_step=10, timeout=600) -> str
+
+One process per rank (torch.multiprocessing spawn, gloo, 127.0.0.1, a free port).  The
+world size is tp*pp*dp for torch_dist/legacy and dp for dcp.  The actual checkpoint writing
+is done by the real libraries; see tools/_mcore_cpu.py for the CUDA->CPU shims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sys
+import time
+
+_TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_ROOT = os.path.dirname(_TOOLS_DIR)
+
+FORMATS = ("torch_dist", "legacy", "dcp")
+OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
+HALF_WRITTEN = ("none", "before_metadata", "before_metadata_json")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: int) -> int:
+    """Megatron training's _vocab_size_with_padding (multiple of divisible_by * TP)."""
+    multiple = make_vocab_size_divisible_by * tp
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def make_checkpoint(
+    out_dir,
+    format: str = "torch_dist",  # noqa: A002 - mirrors the CLI flag
+    tp: int = 2,
+    pp: int = 2,
+    dp: int = 2,
+    layers: int = 2,
+    hidden: int = 16,
+    heads: int = 4,
+    vocab_size: int = 100,
+    make_vocab_size_divisible_by: int = 64,
+    optim_sharding: str = "dp_reshardable",
+    iterations=(1,),
+    half_written: str = "none",
+    seed: int = 1234,
+    seq_length: int = 16,
+    micro_batch_size: int = 2,
+    num_microbatches: int = 1,
+    lr: float = 1e-3,
+    train_iters: int = 10,
+    dcp_step: int = 10,
+    timeout: float = 600.0,
+) -> str:
+    """Write one save dir at ``out_dir`` and return its path.
+
+    torch_dist/legacy: ``out_dir/iter_%07d/...`` for every iteration in ``iterations`` (one
+    optimizer step per iteration number, saves at the listed ones) and the tracker
+    ``latest_checkpointed_iteration.txt`` naming the last *complete* one.  ``half_written``
+    applies to the last listed iteration only (torch_dist only).
+    dcp: ``out_dir/step-<dcp_step>/`` (no tracker, no metadata.json).
+    Raises RuntimeError if any rank fails or the run exceeds ``timeout`` seconds.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if optim_sharding not in OPTIM_SHARDINGS:
+        raise ValueError(f"optim_sharding must be one of {OPTIM_SHARDINGS}")
+    if half_written not in HALF_WRITTEN:
+        raise ValueError(f"half_written must be one of {HALF_WRITTEN}")
+    if half_written != "none" and format != "torch_dist":
+        raise ValueError("half_written is only supported for format='torch_dist'")
+    iterations = sorted({int(i) for i in iterations})
+    if not iterations or iterations[0] < 1:
+        raise ValueError("iterations must be positive integers")
+    if hidden % heads or heads % tp or (4 * hidden) % tp:
+        raise ValueError("hidden must be divisible by heads, heads and 4*hidden by tp")
+    if format != "dcp" and layers % pp:
+        raise ValueError("layers must be divisible by pp")
+
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    world = dp if format == "dcp" else tp * pp * dp
+    cfg = dict(
+        format=format, tp=tp, pp=pp, dp=dp, world=world, layers=layers, hidden=hidden,
+        heads=heads, vocab_size=vocab_size,
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        padded_vocab_size=padded_vocab_size(vocab_size, make_vocab_size_divisible_by, tp),
+        optim_sharding=optim_sharding, iterations=iterations, half_written=half_written,
+        seed=seed, seq_length=seq_length, micro_batch_size=micro_batch_size,
+        num_microbatches=num_microbatches, lr=lr, train_iters=max(train_iters, iterations[-1]),
+        dcp_step=dcp_step, out_dir=out_dir, save_arg=out_dir, port=_free_port(),
+    )
+    _spawn(cfg, world, timeout)
+    return out_dir
+
+
+def _spawn(cfg: dict, nprocs: int, timeout: float) -> None:
+    # The spawn children unpickle the entry point by module name: make `_mcore_cpu`
+    # importable as a top-level module (sys.path is forwarded to spawn children).
+    if _TOOLS_DIR not in sys.path:
+        sys.path.insert(0, _TOOLS_DIR)
+    import _mcore_cpu  # noqa: E402  (cheap: no torch import at module level)
+    import torch.multiprocessing as tmp
+
+    env_backup = {k: os.environ.get(k) for k in ("PYTHONWARNINGS", "OMP_NUM_THREADS",
+                                                  "GLOO_SOCKET_IFNAME")}
+    os.environ["PYTHONWARNINGS"] = "ignore"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        ctx = tmp.start_processes(
+            _mcore_cpu.worker_entry, args=(cfg,), nprocs=nprocs, join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"checkpoint generation exceeded {timeout:.0f}s")
+        except BaseException as e:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in ctx.processes:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+            raise RuntimeError(
+                f"checkpoint generation failed ({cfg['format']} -> {cfg['out_dir']}): {e}"
+            ) from e
+    finally:
+        for k, v in env_backup.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# --------------------------------------------------------------------------------------
+# sample_ckpts/
+# --------------------------------------------------------------------------------------
+
+SAMPLES = {
+    # name: make_checkpoint kwargs (paths relative to the repo root)
+    "torch_dist": dict(format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4,
+                       vocab_size=100, make_vocab_size_divisible_by=64,
+                       optim_sharding="dp_reshardable", iterations=(1, 2, 3),
+                       half_written="before_metadata_json", seed=1234),
+    "torch_dist_fully": dict(format="torch_dist", tp=2, pp=1, dp=2, layers=2, hidden=16,
+                             heads=4, vocab_size=100, make_vocab_size_divisible_by=64,
+                             optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
+    "legacy": dict(format="legacy", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4,
+                   vocab_size=100, make_vocab_size_divisible_by=64,
+                   optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
+    "dcp": dict(format="dcp", dp=4, layers=2, hidden=16, heads=4, vocab_size=128, seed=1234,
+                dcp_step=10),
+}
+
+
+def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True) -> dict:
+    """Rebuild the sample save dirs under ``root`` (relative to the repo root) from nothing.
+
+    Returns {name: seconds}.  README.md in ``root`` is left untouched.
+    """
+    os.chdir(_REPO_ROOT)  # recorded paths (args.save, .metadata checkpoint_id) stay relative
+    timings = {}
+    for name, kw in SAMPLES.items():
+        if only and name not in only:
+            continue
+        d = os.path.join(root, name)
+        if os.path.isdir(d):
+            shutil.rmtree(d)
+        t0 = time.monotonic()
+        make_checkpoint(d, **kw)
+        timings[name] = time.monotonic() - t0
+        if verbose:
+            print(f"[make_sample_ckpts] {d}: {timings[name]:.1f}s", flush=True)
+    return timings
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="save dir to write (omit to rebuild sample_ckpts/)")
+    p.add_argument("--only", nargs="*", choices=sorted(SAMPLES),
+                   help="with no --out: rebuild only these samples")
+    p.add_argument("--format", default="torch_dist", choices=FORMATS)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=16)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab-size", type=int, default=100)
+    p.add_argument("--make-vocab-size-divisible-by", type=int, default=64)
+    p.add_argument("--optim-sharding", default="dp_reshardable", choices=OPTIM_SHARDINGS)
+    p.add_argument("--iterations", type=int, nargs="+", default=[1])
+    p.add_argument("--half-written", default="none", choices=HALF_WRITTEN)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seq-length", type=int, default=16)
+    p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--dcp-step", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=600.0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = _parse(argv)
+    try:
+        if a.out is None:
+            build_samples(only=a.only)
+        else:
+            t0 = time.monotonic()
+            make_checkpoint(
+                a.out, format=a.format, tp=a.tp, pp=a.pp, dp=a.dp, layers=a.layers,
+                hidden=a.hidden, heads=a.heads, vocab_size=a.vocab_size,
+                make_vocab_size_divisible_by=a.make_vocab_size_divisible_by,
+                optim_sharding=a.optim_sharding, iterations=a.iterations,
+                half_written=a.half_written, seed=a.seed, seq_length=a.seq_length,
+                micro_batch_size=a.micro_batch_size, dcp_step=a.dcp_step, timeout=a.timeout,
+            )
+            print(f"[make_sample_ckpts] {a.out}: {time.monotonic() - t0:.1f}s", flush=True)
+    except (RuntimeError, ValueError) as e:
+        print(f"make_sample_ckpts: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
