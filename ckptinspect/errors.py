@@ -1,0 +1,31 @@
+"""The one exception tree of ckptinspect.
+
+A broken checkpoint is never an exception that reaches the user: readers and checks turn it into findings. These
+exceptions are for the tool's own boundaries: a usage problem (the CLI maps it to exit 2) or a reader that cannot
+go on (caught by the caller and turned into a finding).
+"""
+
+from __future__ import annotations
+
+
+class CkptInspectError(Exception):
+    """Root of every exception ckptinspect raises on purpose."""
+
+
+class UsageError(CkptInspectError):
+    """The user asked for something impossible: a path that does not exist, a bad option value (exit 2)."""
+
+
+class ReadError(CkptInspectError):
+    """A checkpoint file could not be read or decoded; callers turn it into a finding.
+
+    `code` is the finding code the caller should report (e.g. ``CK106`` for an unreadable `.metadata`).
+    """
+
+    def __init__(self, message: str, code: str = "CK206") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LimitExceeded(ReadError):
+    """Input claimed more than the reader's resource bounds allow (huge string, deep nesting, zip bomb)."""

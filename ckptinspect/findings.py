@@ -1,0 +1,194 @@
+"""Findings: the values every check produces, the stable code table, and status arithmetic.
+
+The code table mirrors `CONTRACT.md` ("Finding codes"): codes are stable, never reused. A finding's severity and the
+checkpoint status it implies come from the table, so a check only says *which* code and *what about*.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Severity(enum.Enum):
+    """How bad a finding is; ordered (`rank`) so `--fail-on` can compare."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+
+
+class Status(enum.Enum):
+    """Status of a checkpoint or save dir (CONTRACT.md "Status of a checkpoint")."""
+
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"
+    CORRUPT = "corrupt"
+    UNSAFE = "unsafe"
+    UNRECOGNIZED = "unrecognized"
+
+    @property
+    def rank(self) -> int:
+        return _STATUS_RANK[self]
+
+
+# Precedence: unsafe > corrupt > incomplete > complete. `unrecognized` sits between complete and incomplete: it only
+# wins when nothing else was found (an unrecognized dir has no other findings to speak of).
+_STATUS_RANK = {
+    Status.COMPLETE: 0,
+    Status.UNRECOGNIZED: 1,
+    Status.INCOMPLETE: 2,
+    Status.CORRUPT: 3,
+    Status.UNSAFE: 4,
+}
+
+
+def worst_status(statuses: Iterable[Status]) -> Status:
+    """The most severe status of `statuses` (COMPLETE for none)."""
+    result = Status.COMPLETE
+    for status in statuses:
+        if status.rank > result.rank:
+            result = status
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class CodeInfo:
+    """One row of the code table."""
+
+    code: str
+    severity: Severity
+    status: Status | None  # the status it implies; None = does not change the status
+    title: str
+    family: str  # check family, used for JUnit test cases and grouping
+
+
+def _c(code: str, sev: str, status: str | None, family: str, title: str) -> CodeInfo:
+    return CodeInfo(code, Severity(sev), Status(status) if status else None, title, family)
+
+
+CODES: Mapping[str, CodeInfo] = {
+    c.code: c
+    for c in (
+        _c("CK100", "error", "unrecognized", "format", "no known checkpoint format here"),
+        _c("CK101", "error", "incomplete", "format", "torch_dist save not finalized: .metadata without metadata.json"),
+        _c("CK102", "error", "incomplete", "format", "data files present but no .metadata"),
+        _c("CK103", "error", "incomplete", "format", ".metadata.tmp present (crash while writing .metadata)"),
+        _c("CK104", "error", "corrupt", "format", "metadata.json unreadable or names an unknown backend"),
+        _c("CK105", "error", "corrupt", "format", "common state missing"),
+        _c("CK106", "error", "corrupt", "format", ".metadata unreadable or not a DCP metadata object"),
+        _c("CK110", "error", "corrupt", "legacy", "legacy shard dir missing for the topology in args"),
+        _c("CK111", "error", "corrupt", "legacy", "legacy distrib_optim.pt missing"),
+        _c("CK112", "warning", None, "legacy", "legacy args disagree between shard files"),
+        _c("CK201", "error", "corrupt", "storage", "data file named by .metadata does not exist"),
+        _c("CK202", "error", "corrupt", "storage", "stored item extends past the end of its file"),
+        _c("CK203", "error", "corrupt", "storage", "stored items overlap inside one file"),
+        _c("CK204", "warning", None, "storage", "data file not referenced by .metadata"),
+        _c("CK205", "error", "corrupt", "storage", "stored item is not a valid archive or has the wrong payload size"),
+        _c("CK206", "error", "corrupt", "storage", ".pt file unreadable"),
+        _c("CK301", "error", "corrupt", "coverage", "part of a tensor is covered by no chunk"),
+        _c("CK302", "error", "corrupt", "coverage", "part of a tensor is covered by more than one chunk"),
+        _c("CK303", "error", "corrupt", "coverage", "chunk lies outside the tensor's global shape"),
+        _c("CK304", "error", "corrupt", "coverage", "chunk has no storage entry"),
+        _c("CK305", "error", "corrupt", "objects", "sharded-object family is missing grid cells"),
+        _c("CK306", "error", "corrupt", "objects", "sharded-object family has duplicate cells or inconsistent shapes"),
+        _c("CK400", "info", None, "integrity", "no integrity manifest"),
+        _c("CK401", "error", "corrupt", "integrity", "file SHA-256 differs from the manifest"),
+        _c("CK402", "error", "corrupt", "integrity", "file listed in the manifest is missing or unreadable"),
+        _c("CK403", "warning", None, "integrity", "top-level file not listed in the manifest"),
+        _c("CK404", "error", "corrupt", "integrity", "manifest unreadable, wrong schema, or unsupported algorithm"),
+        _c("CK501", "warning", None, "tracker", "save dir without latest_checkpointed_iteration.txt"),
+        _c("CK502", "error", "corrupt", "tracker", "tracker unparseable"),
+        _c("CK503", "error", "corrupt", "tracker", "tracker names an iteration dir that does not exist"),
+        _c("CK504", "error", "incomplete", "tracker", "tracker names an iteration that is not complete"),
+        _c("CK505", "warning", None, "tracker", "complete iteration newer than the tracker exists"),
+        _c("CK506", "warning", None, "tracker", "incomplete iteration dir exists"),
+        _c("CK601", "error", "unsafe", "safety", "pickle references a dangerous callable (not executed)"),
+        _c("CK602", "warning", None, "safety", "pickle references a global outside the allowlist"),
+        _c("CK603", "error", "corrupt", "safety", "pickle or archive exceeds the reader's resource bounds"),
+        _c("CK701", "warning", None, "args", "no training args found in the checkpoint"),
+        _c("CK702", "warning", None, "args", "args disagree with the on-disk layout"),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem (or fact) about a checkpoint.
+
+    code: stable code from `CODES`.
+    message: one human sentence, specific (names the tensor, the file, the numbers).
+    subject: the tensor / object / file it is about, or None.
+    path: the checkpoint (or save dir) it belongs to, as the user named it.
+    details: JSON-able extra facts (coordinates, sizes, expected/actual).
+    """
+
+    code: str
+    message: str
+    subject: str | None = None
+    path: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def info(self) -> CodeInfo:
+        return CODES[self.code]
+
+    @property
+    def severity(self) -> Severity:
+        return CODES[self.code].severity
+
+    @property
+    def implied_status(self) -> Status | None:
+        return CODES[self.code].status
+
+    def with_path(self, path: str) -> Finding:
+        """The same finding attributed to checkpoint `path` (when the producer did not know it)."""
+        if self.path is not None:
+            return self
+        return Finding(self.code, self.message, self.subject, path, self.details)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "message": self.message,
+            "subject": self.subject,
+            "path": self.path,
+            "details": dict(self.details),
+        }
+
+
+def status_of(findings: Iterable[Finding]) -> Status:
+    """The status a set of findings implies (COMPLETE when none implies anything)."""
+    return worst_status(s for s in (f.implied_status for f in findings) if s is not None)
+
+
+def matches(code: str, prefixes: Iterable[str]) -> bool:
+    """True when `code` starts with one of the `--select` / `--ignore` prefixes (case-insensitive)."""
+    upper = code.upper()
+    return any(upper.startswith(p.upper()) for p in prefixes)
+
+
+def filter_findings(
+    findings: Iterable[Finding], select: Iterable[str] = (), ignore: Iterable[str] = ()
+) -> list[Finding]:
+    """Apply `--select` (keep only these prefixes; empty keeps all) then `--ignore`."""
+    sel = list(select)
+    ign = list(ignore)
+    return [f for f in findings if (not sel or matches(f.code, sel)) and not matches(f.code, ign)]
+
+
+def exceeds(findings: Iterable[Finding], fail_on: Severity | None) -> bool:
+    """True when some finding is at or above `fail_on` (None = `--fail-on never`)."""
+    if fail_on is None:
+        return False
+    return any(f.severity.rank >= fail_on.rank for f in findings)

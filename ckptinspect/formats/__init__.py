@@ -1,0 +1,78 @@
+"""Format readers: sniff a path, then rebuild the neutral model with the reader for its format.
+
+The registry is the literal `READERS` table below. Every reader has the same contract:
+
+1. `read(path: Path, label: str) -> Checkpoint`, `label` being the path as the user named it;
+2. it never raises for a broken, hostile or half-written checkpoint: what it could not read becomes findings in
+   `Checkpoint.findings` (CK1xx format, CK206 unreadable `.pt`, CK601/CK602 pickle safety, CK603 bounds);
+3. it reads metadata only: tensor bytes are never loaded, and nothing from the checkpoint is executed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ckptinspect.findings import Finding
+from ckptinspect.formats.dcp import read_dcp
+from ckptinspect.formats.legacy import read_legacy
+from ckptinspect.formats.sniff import CheckpointSniff, sniff_checkpoint
+from ckptinspect.formats.torch_dist import read_torch_dist
+from ckptinspect.model import Checkpoint, Format
+
+Reader = Callable[[Path, str], Checkpoint]
+
+
+def _read_fsdp(path: Path, label: str) -> Checkpoint:
+    return read_dcp(path, label, Format.FSDP_DTENSOR)
+
+
+READERS: tuple[tuple[Format, Reader], ...] = (
+    (Format.TORCH_DIST, read_torch_dist),
+    (Format.TORCH, read_legacy),
+    (Format.TORCH_DCP, read_dcp),
+    (Format.FSDP_DTENSOR, _read_fsdp),
+)
+
+_HALF_WRITTEN_MESSAGES = {
+    "CK101": "torch_dist save not finalized: .metadata present, metadata.json missing",
+    "CK102": "data files present but no .metadata: the save crashed during the data write",
+    "CK103": ".metadata.tmp present: the save crashed while writing .metadata",
+    "CK106": ".metadata missing although metadata.json marks the save finished",
+    "CK100": "no known checkpoint format here (no metadata.json, .metadata or mp_rank_* dirs)",
+}
+
+
+def reader_for(fmt: Format) -> Reader:
+    for f, reader in READERS:
+        if f is fmt:
+            return reader
+    raise KeyError(fmt)  # unreachable: READERS covers every Format (tested)
+
+
+def read_checkpoint(path: Path, label: str, megatron_context: bool = False) -> Checkpoint:
+    """Sniff and read one checkpoint dir (or legacy `.pt` file)."""
+    sniff = sniff_checkpoint(path, megatron_context)
+    return read_sniffed(path, label, sniff)
+
+
+def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
+    state_findings: tuple[Finding, ...] = ()
+    if sniff.state != "complete":
+        subject = {"CK101": "metadata.json", "CK103": ".metadata.tmp"}.get(sniff.state, ".metadata")
+        state_findings = (
+            Finding(sniff.state, _HALF_WRITTEN_MESSAGES[sniff.state], None if sniff.state == "CK100" else subject,
+                    label, {"evidence": list(sniff.evidence)}),
+        )
+    if sniff.format is None:
+        return Checkpoint(path=label, format=None, findings=state_findings, extra={"evidence": list(sniff.evidence)})
+    ckpt = reader_for(sniff.format)(path, label)
+    extra = dict(ckpt.extra)
+    extra["evidence"] = list(sniff.evidence)
+    extra["sniff_state"] = sniff.state
+    return Checkpoint(
+        path=ckpt.path, format=ckpt.format, generation=ckpt.generation or sniff.generation,
+        iteration=ckpt.iteration, tensors=ckpt.tensors, objects=ckpt.objects, files=ckpt.files, args=ckpt.args,
+        common=ckpt.common, topology=ckpt.topology, optimizer_sharding=ckpt.optimizer_sharding,
+        rank_items=ckpt.rank_items, findings=state_findings + ckpt.findings, extra=extra,
+    )

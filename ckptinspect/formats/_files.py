@@ -1,0 +1,110 @@
+"""File-level helpers shared by the readers: listing a checkpoint dir, reading stored items, pickle findings."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from ckptinspect.errors import ReadError
+from ckptinspect.findings import Finding
+from ckptinspect.formats._globals import GlobalClass
+from ckptinspect.formats._unpickle import PickleReport, TorchArchive, read_torch_archive
+from ckptinspect.model import FileInfo, StoredItem
+
+_ROLES = {
+    ".metadata": "metadata",
+    ".metadata.tmp": "metadata",
+    "metadata.json": "metadata",
+    "common.pt": "common",
+    "integrity.json": "manifest",
+    "model_optim_rng.pt": "model",
+    "distrib_optim.pt": "optimizer",
+}
+
+
+def role_of(name: str) -> str:
+    base = name.rsplit("/", 1)[-1]
+    if base in _ROLES:
+        return _ROLES[base]
+    if base.endswith(".distcp"):
+        return "data"
+    return "other"
+
+
+def regular_size(path: Path) -> int | None:
+    """Size of `path` if it is a regular file (symlinks followed), else None. Never raises."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def list_files(ckpt_dir: Path, recursive: bool = False) -> tuple[FileInfo, ...]:
+    """Regular files of a checkpoint dir (top level unless `recursive`), sorted by name. Never raises."""
+    out: list[FileInfo] = []
+    for rel in _walk(ckpt_dir, "", recursive, 0):
+        size = regular_size(ckpt_dir / rel)
+        if size is not None:
+            out.append(FileInfo(rel, size, role_of(rel)))
+    return tuple(sorted(out, key=lambda f: f.name))
+
+
+def _walk(root: Path, rel: str, recursive: bool, depth: int) -> Iterator[str]:
+    try:
+        entries = list(os.scandir(root / rel if rel else root))
+    except OSError:
+        return
+    for e in entries:
+        name = f"{rel}/{e.name}" if rel else e.name
+        try:
+            is_dir = e.is_dir(follow_symlinks=False)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            if recursive and depth < 8:
+                yield from _walk(root, name, recursive, depth + 1)
+        else:
+            yield name
+
+
+def read_item_archive(ckpt_dir: Path, item: StoredItem) -> TorchArchive:
+    """Open the torch archive stored at `item` (a byte item or a tensor chunk inside a `.distcp`)."""
+    if item.transforms:
+        raise ReadError(f"stored item uses stream transforms {item.transforms}, not supported", "CK205")
+    path = ckpt_dir / item.file
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if item.offset < 0 or item.length < 0 or item.end > size:
+                raise ReadError(f"{item.file}: item [{item.offset}, {item.end}) past end of file ({size})", "CK202")
+            return read_torch_archive(f, item.offset, item.length)
+    except OSError as e:
+        raise ReadError(f"cannot read {item.file}: {e.strerror or e}", "CK201") from e
+
+
+def pickle_findings(report: PickleReport, subject: str, path: str) -> list[Finding]:
+    """CK601 / CK602 findings for what one unpickling referenced (nothing was executed)."""
+    out: list[Finding] = []
+    dangerous = report.dangerous
+    if dangerous:
+        out.append(
+            Finding(
+                "CK601",
+                f"{subject}: pickle references dangerous callable(s) {', '.join(dangerous)} (not executed)",
+                subject, path, {"globals": dangerous},
+            )
+        )
+    unknown = [g for g, v in report.globals.items() if v is GlobalClass.UNKNOWN]
+    if unknown:
+        out.append(
+            Finding(
+                "CK602",
+                f"{subject}: pickle references global(s) outside the allowlist: {', '.join(sorted(unknown))} "
+                "(kept opaque, not executed)",
+                subject, path, {"globals": sorted(unknown)},
+            )
+        )
+    return out

@@ -1,0 +1,550 @@
+"""The only place in ckptinspect that deserialises anything read from a checkpoint.
+
+`SafeUnpickler` is an allowlisting unpickler that never calls a global from the pickle: `find_class` hands back
+inert stand-ins. Allowed classes become `Obj` instances holding their pickled state; the few allowed functions
+(`torch._utils._rebuild_tensor_v2`, `torch.Size`, `OrderedDict`, ...) are re-implemented here as pure data builders
+(a tensor becomes a `TensorRef` description: dtype, shape, stride, storage key — its bytes are never read). Unknown
+globals become `Opaque` placeholders (CK602) and dangerous ones (`os.system`, `eval`, ...) `Opaque` placeholders
+flagged dangerous (CK601): calling a placeholder only records its arguments.
+
+torch is never imported: torch's zip archives (`torch.save`) are opened with `zipfile` and their `data.pkl` is read
+with the same unpickler, persistent storage ids turned into `StorageRef`s.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any, ClassVar
+
+from ckptinspect.errors import LimitExceeded, ReadError
+from ckptinspect.formats._globals import (
+    TORCH_DTYPES,
+    TORCH_STORAGE_DTYPES,
+    GlobalClass,
+    classify,
+)
+from ckptinspect.model import dtype_size, numel
+
+# Resource bounds. A pickle that exceeds them is reported (CK603), never followed to an out-of-memory kill.
+MAX_PICKLE_BYTES = 4 << 30  # a 1M-chunk `.metadata` is ~300 MB
+MAX_ARCHIVE_PICKLE_BYTES = 1 << 30  # `data.pkl` inside a torch archive
+MAX_NESTING = 500  # depth `to_plain` follows
+
+
+class DType(str):
+    """A torch dtype seen in a pickle (`torch.float32` → ``DType("float32")``)."""
+
+    __slots__ = ()
+
+
+class StorageType(str):
+    """A torch storage class seen in a pickle (`torch.FloatStorage`); the value is its element dtype."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StorageRef:
+    """A persistent storage id of a torch archive: `('storage', type, key, location, numel)`."""
+
+    dtype: str
+    key: str
+    location: str
+    numel: int
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """A tensor described, not loaded: what `torch._utils._rebuild_tensor_v2` would have built.
+
+    storage_key is the archive record (``data/<key>``) holding the bytes.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_key: str | None
+    storage_offset: int
+    storage_numel: int | None
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * (dtype_size(self.dtype) or 0)
+
+
+class Obj:
+    """Stand-in for an instance of an allowed class: its pickled state lands in `__dict__`.
+
+    No `__setstate__` on purpose: for dict states the C unpickler then updates `__dict__` itself, which keeps
+    million-chunk `.metadata` files fast. Positional constructor arguments are kept in ``_args``.
+    """
+
+    qualname: ClassVar[str] = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Obj:
+        self = object.__new__(cls)
+        if args:
+            self.__dict__["_args"] = args
+        if kwargs:
+            self.__dict__["_kwargs"] = kwargs
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.__dict__.get(name, default)
+
+    def __repr__(self) -> str:
+        return f"<{self.qualname} {self.__dict__!r}>"
+
+
+class StatefulObj(Obj):
+    """An `Obj` that also accepts non-dict states (tuples), kept in ``_state``."""
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        elif (
+            isinstance(state, tuple)
+            and len(state) == 2
+            and (state[0] is None or isinstance(state[0], dict))
+            and isinstance(state[1], dict)
+        ):
+            self.__dict__.update(state[0] or {})
+            self.__dict__.update(state[1])
+        else:
+            self.__dict__["_state"] = state
+
+
+class Opaque(StatefulObj):
+    """Placeholder for a global outside the allowlist (unknown or dangerous). It is never called for real."""
+
+    verdict: ClassVar[GlobalClass] = GlobalClass.UNKNOWN
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Opaque:
+        # A hostile pickle may REDUCE on the result of a placeholder; record, never run.
+        return type(self)(*args, **kwargs)
+
+
+@dataclass(slots=True)
+class PickleReport:
+    """What one unpickling saw: every global it referenced, with the allowlist verdict."""
+
+    globals: dict[str, GlobalClass] = field(default_factory=dict)
+
+    @property
+    def dangerous(self) -> list[str]:
+        return sorted(k for k, v in self.globals.items() if v is GlobalClass.DANGEROUS)
+
+    @property
+    def unknown(self) -> list[str]:
+        return sorted(k for k, v in self.globals.items() if v is GlobalClass.UNKNOWN)
+
+
+# --- allowed functions, re-implemented as data builders -------------------------------------------------------
+
+
+def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> TensorRef:
+    if isinstance(storage, StorageRef):
+        dtype, key, snumel = storage.dtype, storage.key, storage.numel
+    else:
+        dtype, key, snumel = "unknown", None, None
+    return TensorRef(dtype, _ints(size), _ints(stride), key, int(storage_offset), snumel)
+
+
+def _rebuild_tensor_v3(
+    storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, dtype: Any, *rest: Any
+) -> TensorRef:
+    ref = _rebuild_tensor(storage, storage_offset, size, stride)
+    if isinstance(dtype, str):
+        ref = TensorRef(str(dtype), ref.shape, ref.stride, ref.storage_key, ref.storage_offset, ref.storage_numel)
+    return ref
+
+
+def _rebuild_parameter(data: Any, *rest: Any) -> Any:
+    return data
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    if callable(func) and isinstance(args, tuple):
+        return func(*args)
+    return func
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    if isinstance(value, (tuple, list)):
+        return tuple(int(v) for v in value)
+    raise ReadError(f"expected a shape, got {type(value).__name__}", "CK206")
+
+
+def _size(value: Any = ()) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _get_layout(name: Any) -> str:
+    return str(name)
+
+
+def _device(*args: Any) -> str:
+    return ":".join(str(a) for a in args)
+
+
+def _codecs_encode(obj: Any, encoding: Any = "utf-8", *rest: Any) -> bytes:
+    # protocol-2 pickles carry bytes as `_codecs.encode(str, 'latin1')`.
+    if isinstance(obj, str) and str(encoding).lower().replace("_", "-") in ("latin1", "latin-1", "iso-8859-1"):
+        return obj.encode("latin-1")
+    raise ReadError("unsupported _codecs.encode call in pickle", "CK206")
+
+
+def _guarded(kind: type[Any]) -> Callable[..., Any]:
+    """`bytes` / `bytearray` that refuse to allocate from a claimed length (`bytes(10**12)`)."""
+
+    def build(*args: Any) -> Any:
+        if args and isinstance(args[0], int) and args[0] > (1 << 20):
+            raise LimitExceeded(f"{kind.__name__}({args[0]}) exceeds the allocation bound", "CK603")
+        return kind(*args)
+
+    return build
+
+
+def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
+    if isinstance(cls, type) and issubclass(cls, Obj):
+        return cls()
+    raise ReadError("copyreg._reconstructor on a non-allowlisted class", "CK206")
+
+
+_FUNCTIONS: Mapping[tuple[str, str], Callable[..., Any]] = {
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+    ("torch", "Size"): _size,
+    ("torch.serialization", "_get_layout"): _get_layout,
+    ("torch", "device"): _device,
+    ("collections", "OrderedDict"): dict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "slice"): slice,
+    ("builtins", "complex"): complex,
+    ("builtins", "bytearray"): _guarded(bytearray),
+    ("builtins", "tuple"): tuple,
+    ("builtins", "list"): list,
+    ("builtins", "dict"): dict,
+    ("builtins", "int"): int,
+    ("builtins", "float"): float,
+    ("builtins", "str"): str,
+    ("builtins", "bytes"): _guarded(bytes),
+    ("builtins", "bool"): bool,
+    ("__builtin__", "set"): set,
+    ("_codecs", "encode"): _codecs_encode,
+    ("copyreg", "_reconstructor"): _reconstructor,
+    ("copy_reg", "_reconstructor"): _reconstructor,
+}
+
+# DCP classes whose pickled state is always a dict: left without `__setstate__` (the fast path). Everything else
+# allowed gets a `StatefulObj`.
+_FAST_CLASSES = frozenset(
+    {
+        "torch.distributed.checkpoint.metadata.Metadata",
+        "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+        "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+        "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+        "torch.distributed.checkpoint.metadata.MetadataIndex",
+        "torch.distributed.checkpoint.metadata.StorageMeta",
+        "torch.distributed.checkpoint.filesystem._StorageInfo",
+        "torch.distributed.checkpoint.planner.SavePlan",
+        "torch.distributed.checkpoint.planner.WriteItem",
+        "torch.distributed.checkpoint.planner.TensorWriteData",
+    }
+)
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """Allowlisting unpickler: nothing from the pickle is ever imported or called.
+
+    1. `find_class` classifies the global (`_globals.classify`), records it in `report`, and returns a data
+       builder (allowed function), an `Obj` subclass (allowed class), or an `Opaque` placeholder.
+    2. `persistent_load` turns torch's `('storage', ...)` ids into `StorageRef`s (the bytes are not read).
+    """
+
+    def __init__(self, file: IO[bytes], report: PickleReport | None = None) -> None:
+        super().__init__(file)
+        self.report = report if report is not None else PickleReport()
+        self._classes: dict[str, type[Obj]] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        qual = f"{module}.{name}"
+        verdict = classify(module, name)
+        self.report.globals[qual] = verdict
+        if verdict is GlobalClass.ALLOWED:
+            fn = _FUNCTIONS.get((module, name))
+            if fn is not None:
+                return fn
+            if module == "torch" and name in TORCH_DTYPES:
+                return DType(TORCH_DTYPES[name])
+            if module in ("torch", "torch.storage") and name in TORCH_STORAGE_DTYPES:
+                return StorageType(TORCH_STORAGE_DTYPES[name])
+            return self._stub(qual, Obj if qual in _FAST_CLASSES else StatefulObj)
+        cls = self._stub(qual, Opaque)
+        cls.verdict = verdict  # type: ignore[attr-defined]
+        return cls
+
+    def _stub(self, qual: str, base: type[Obj]) -> type[Obj]:
+        cls = self._classes.get(qual)
+        if cls is None:
+            cls = type(qual.rsplit(".", 1)[-1], (base,), {"qualname": qual})
+            self._classes[qual] = cls
+        return cls
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+            _, stype, key, location, count = pid[:5]
+            dtype = str(stype) if isinstance(stype, str) else "unknown"
+            return StorageRef(dtype, str(key), str(location), int(count))
+        raise pickle.UnpicklingError(f"unsupported persistent id {type(pid).__name__}")
+
+
+def load_pickle(data: bytes | memoryview, report: PickleReport | None = None) -> Any:
+    """Unpickle `data` with `SafeUnpickler`. Raises `ReadError` (CK206) / `LimitExceeded` (CK603) on bad input."""
+    if len(data) > MAX_PICKLE_BYTES:
+        raise LimitExceeded(f"pickle of {len(data)} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
+    unpickler = SafeUnpickler(io.BufferedReader(io.BytesIO(data)), report)  # type: ignore[arg-type]
+    try:
+        return unpickler.load()
+    except (MemoryError, RecursionError) as e:
+        raise LimitExceeded(f"pickle exceeds resource bounds ({type(e).__name__})", "CK603") from e
+    except ReadError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any decoding failure of untrusted bytes is a finding, not a crash
+        raise ReadError(f"not a readable pickle: {type(e).__name__}: {_short(e)}", "CK206") from e
+
+
+def _short(e: BaseException) -> str:
+    text = str(e)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+# --- torch zip archives ----------------------------------------------------------------------------------------
+
+
+class _Slice(io.RawIOBase):
+    """A read-only, seekable window [offset, offset+length) of a file: one stored item inside a `.distcp`."""
+
+    def __init__(self, f: IO[bytes], offset: int, length: int) -> None:
+        self._f = f
+        self._start = offset
+        self._len = length
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_SET:
+            new = pos
+        elif whence == os.SEEK_CUR:
+            new = self._pos + pos
+        else:
+            new = self._len + pos
+        self._pos = max(0, min(new, self._len))
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:
+        n = min(len(buf), self._len - self._pos)
+        if n <= 0:
+            return 0
+        self._f.seek(self._start + self._pos)
+        data = self._f.read(n)
+        buf[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveRecord:
+    """One member of a torch archive: name (without the archive prefix), stored size, offset of its data."""
+
+    name: str
+    size: int
+    compressed: bool
+    data_offset: int  # offset of the member's bytes inside the archive (-1 when the local header is unreadable)
+
+
+@dataclass(frozen=True, slots=True)
+class TorchArchive:
+    """A `torch.save` zip archive, read without torch: its records and the unpickled `data.pkl` (stand-ins)."""
+
+    prefix: str
+    records: Mapping[str, ArchiveRecord]
+    obj: Any
+    report: PickleReport
+
+
+def is_zip_archive(head: bytes) -> bool:
+    return head[:4] == b"PK\x03\x04"
+
+
+def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None) -> TorchArchive:
+    """Read the torch archive at [offset, offset+length) of `f` (whole file when length is None).
+
+    Raises `ReadError` (CK206/CK205) when it is not a torch zip archive, `LimitExceeded` on a zip bomb.
+    """
+    if length is None:
+        f.seek(0, os.SEEK_END)
+        length = f.tell() - offset
+    view = io.BufferedReader(_Slice(f, offset, length))
+    head = view.peek(4)[:4]
+    if not is_zip_archive(head):
+        if head[:1] == b"\x80":
+            raise ReadError("legacy (pre-1.6, non-zip) torch serialization is not supported", "CK206")
+        raise ReadError("not a torch zip archive (no PK header)", "CK206")
+    try:
+        zf = zipfile.ZipFile(view)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise ReadError(f"not a readable zip archive: {_short(e)}", "CK206") from e
+    with zf:
+        infos = zf.infolist()
+        pkl = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
+        if not pkl:
+            pkl = [i for i in infos if i.filename == "data.pkl"]
+        if not pkl:
+            raise ReadError("zip archive without data.pkl (not a torch.save archive)", "CK206")
+        info = pkl[0]
+        prefix = info.filename[: -len("data.pkl")]
+        records = {
+            i.filename[len(prefix) :]: ArchiveRecord(
+                i.filename[len(prefix) :], i.file_size, i.compress_type != zipfile.ZIP_STORED,
+                _data_offset(view, i),
+            )
+            for i in infos
+            if i.filename.startswith(prefix)
+        }
+        if info.file_size > MAX_ARCHIVE_PICKLE_BYTES:
+            raise LimitExceeded(f"data.pkl claims {info.file_size} bytes", "CK603")
+        try:
+            with zf.open(info) as member:
+                data = member.read(MAX_ARCHIVE_PICKLE_BYTES + 1)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
+            raise ReadError(f"data.pkl unreadable: {_short(e)}", "CK206") from e
+        except RuntimeError as e:  # encrypted members
+            raise ReadError(f"data.pkl unreadable: {_short(e)}", "CK206") from e
+        if len(data) > MAX_ARCHIVE_PICKLE_BYTES:
+            raise LimitExceeded("data.pkl decompresses past the bound (zip bomb?)", "CK603")
+    report = PickleReport()
+    obj = load_pickle(data, report)
+    return TorchArchive(prefix, records, obj, report)
+
+
+def _data_offset(view: IO[bytes], info: zipfile.ZipInfo) -> int:
+    """Where a member's bytes start: after its 30-byte local header, file name and extra field."""
+    try:
+        view.seek(info.header_offset)
+        head = view.read(30)
+    except (OSError, ValueError):
+        return -1
+    if len(head) < 30 or head[:4] != b"PK\x03\x04":
+        return -1
+    name_len = int.from_bytes(head[26:28], "little")
+    extra_len = int.from_bytes(head[28:30], "little")
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def read_torch_file(path: str | os.PathLike[str]) -> TorchArchive:
+    """Read a whole `.pt` file (`common.pt`, `model_optim_rng.pt`, `distrib_optim.pt`)."""
+    try:
+        with open(path, "rb") as f:
+            return read_torch_archive(f)
+    except OSError as e:
+        raise ReadError(f"cannot read {os.fspath(path)}: {e.strerror or e}", "CK206") from e
+
+
+# --- plain data -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueValue:
+    """A value the tool kept opaque (an object of a non-builtin class): its class and a short summary."""
+
+    qualname: str
+    summary: str
+
+    def __str__(self) -> str:
+        return f"<{self.qualname}>" if not self.summary else f"<{self.qualname} {self.summary}>"
+
+
+def to_plain(obj: Any, depth: int = 0) -> Any:
+    """Convert unpickled stand-ins into plain data: dicts, lists, tuples, scalars, `TensorRef`, `OpaqueValue`.
+
+    `argparse.Namespace` becomes a dict; a Megatron enum member becomes its value's string. Raises
+    `LimitExceeded` when nesting is deeper than `MAX_NESTING`.
+    """
+    if depth > MAX_NESTING:
+        raise LimitExceeded(f"object nesting deeper than {MAX_NESTING}", "CK603")
+    if obj is None or isinstance(obj, (bool, int, float, complex, TensorRef, StorageRef)):
+        return obj
+    if isinstance(obj, (DType, StorageType)):
+        return str(obj)
+    if isinstance(obj, (str, bytes)):
+        return obj
+    if isinstance(obj, bytearray):
+        return bytes(obj)
+    if isinstance(obj, dict):
+        return {_key(to_plain(k, depth + 1)): to_plain(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_plain(v, depth + 1) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_plain(v, depth + 1) for v in obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted((to_plain(v, depth + 1) for v in obj), key=repr)
+    if isinstance(obj, Obj):
+        q = obj.qualname
+        if q == "argparse.Namespace":
+            return {str(k): to_plain(v, depth + 1) for k, v in obj.__dict__.items() if not k.startswith("_")}
+        args = obj.__dict__.get("_args")
+        if args is not None and len(args) == 1 and isinstance(args[0], (int, str, float)) and len(obj.__dict__) == 1:
+            # Enum members pickle as `EnumClass(value)`.
+            return OpaqueValue(q, repr(args[0]))
+        return OpaqueValue(q, "")
+    if isinstance(obj, slice):
+        return repr(obj)
+    return OpaqueValue(type(obj).__name__, "")
+
+
+def _key(k: Any) -> Any:
+    try:
+        hash(k)
+        return k
+    except TypeError:
+        return repr(k)
+
+
+def walk_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, TensorRef]]:
+    """Yield `(dotted.path, TensorRef)` for every tensor inside plain data (state dicts)."""
+    if depth > MAX_NESTING:
+        raise LimitExceeded(f"object nesting deeper than {MAX_NESTING}", "CK603")
+    if isinstance(obj, TensorRef):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from walk_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)

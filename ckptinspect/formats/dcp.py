@@ -1,0 +1,95 @@
+"""Reader for DCP checkpoint dirs: plain PyTorch DCP (`torch_dcp`, `fsdp_dtensor`) and the DCP part of torch_dist.
+
+`read_dcp_dir` returns the `.metadata` content plus the dir's files and the findings of reading it; the torch_dist
+reader (`torch_dist.py`) builds on it and adds the Megatron common state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptinspect.errors import ReadError
+from ckptinspect.findings import Finding
+from ckptinspect.formats._files import list_files, pickle_findings
+from ckptinspect.formats._unpickle import PickleReport
+from ckptinspect.formats.dcp_metadata import DcpMetadata, read_dcp_metadata
+from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
+
+METADATA = ".metadata"
+
+
+@dataclass(frozen=True, slots=True)
+class DcpDir:
+    """A DCP dir as read: its files, its parsed `.metadata` (None when absent/unreadable), reading findings."""
+
+    files: tuple[FileInfo, ...]
+    metadata: DcpMetadata | None
+    findings: tuple[Finding, ...]
+
+
+def read_dcp_dir(path: Path, label: str) -> DcpDir:
+    """Read `path/.metadata` (if any) and list the files. Never raises for a broken checkpoint."""
+    files = list_files(path)
+    findings: list[Finding] = []
+    md: DcpMetadata | None = None
+    mpath = path / METADATA
+    if mpath.exists() or mpath.is_symlink():
+        try:
+            data = mpath.read_bytes()
+        except OSError as e:
+            findings.append(Finding("CK106", f".metadata unreadable: {e.strerror or e}", METADATA, label))
+        else:
+            report = PickleReport()
+            try:
+                md = read_dcp_metadata(data, report)
+            except ReadError as e:
+                findings.append(Finding(e.code, f".metadata: {e}", METADATA, label))
+            # Also after a failed parse: the pickle may have referenced dangerous globals before failing.
+            findings.extend(pickle_findings(report, METADATA, label))
+    return DcpDir(files, md, tuple(findings))
+
+
+def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoint:
+    """Read a plain PyTorch DCP checkpoint dir (torchtitan `step-N/`, fsdp_dtensor)."""
+    d = read_dcp_dir(path, label)
+    md = d.metadata
+    extra: dict[str, object] = {}
+    world = None
+    if md is not None:
+        extra["metadata_root"] = md.root_class
+        extra["planner_keys"] = md.planner_keys
+        if md.unknown_attrs:
+            extra["unknown_metadata_attrs"] = list(md.unknown_attrs)
+        world = _world_from_files(d.files)
+    return Checkpoint(
+        path=label,
+        format=fmt,
+        generation="torch.distributed.checkpoint" + (f" (metadata version {md.version})" if md and md.version else ""),
+        iteration=_iteration_from_name(path.name),
+        tensors=md.tensors if md else (),
+        objects=md.objects if md else (),
+        files=d.files,
+        topology=Topology(world_size=world, sources={"world_size": "data file names"} if world else {}),
+        rank_items=md.rank_items if md else (),
+        findings=d.findings,
+        extra=extra,
+    )
+
+
+def _world_from_files(files: tuple[FileInfo, ...]) -> int | None:
+    """Plain DCP names files `__{rank}_{i}.distcp` (torch `prepare_global_plan`), one per rank at least."""
+    ranks = set()
+    for f in files:
+        if f.name.startswith("__") and f.name.endswith(".distcp"):
+            head = f.name[2:].split("_", 1)[0]
+            if head.isdigit():
+                ranks.add(int(head))
+    return max(ranks) + 1 if ranks else None
+
+
+def _iteration_from_name(name: str) -> int | None:
+    for prefix in ("iter_", "step-", "step_", "global_step"):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return int(name[len(prefix):])
+    return None

@@ -1,0 +1,152 @@
+"""Format sniffing: what a path is, which format, the evidence, and the producer generation.
+
+Follows Megatron's `_get_checkpoint_format` (reference §1) with the fixes it recommends: a `.metadata` without
+`metadata.json` is an unfinished torch_dist save when Megatron markers are present (`common.pt`, ShardedObject
+`…/shard_<o>_<s>` keys, `optimizer.distributed.` keys, `planner_data` None), otherwise plain DCP.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptinspect.formats._files import regular_size
+from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.formats.legacy import is_legacy_dir
+from ckptinspect.formats.savedir import TRACKER, looks_like_save_dir
+from ckptinspect.model import Format, Kind
+
+FSDP_PREFIXES = ("model.module.", "optimizer.state.module.", "optimizer.param_to_group_meta.")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSniff:
+    """What one checkpoint dir is.
+
+    format: None when unrecognized (CK100).
+    state: "complete" markers present, or the half-written code that applies ("CK101", "CK102", "CK103").
+    """
+
+    format: Format | None
+    evidence: tuple[str, ...]
+    generation: str | None
+    state: str
+
+
+def _has_data_files(path: Path) -> bool:
+    try:
+        return any(p.name.endswith(".distcp") for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSniff:
+    """Sniff one checkpoint dir (or a legacy `.pt` file). Never raises.
+
+    `megatron_context` says the dir sits in a Megatron save dir (tracker / `iter_*` naming), which decides the
+    format of a save that crashed before `.metadata` existed.
+    """
+    if path.is_file():
+        if path.suffix == ".pt":
+            return CheckpointSniff(Format.TORCH, (f"{path.name}: a torch.save file (legacy per-rank format)",),
+                                   "megatron legacy torch", "complete")
+        if path.name == ".metadata":
+            return sniff_checkpoint(path.parent, megatron_context)
+        return CheckpointSniff(None, (f"{path.name} is a file of no known checkpoint format",), None, "CK100")
+    ev: list[str] = []
+    mj = path / "metadata.json"
+    if mj.exists():
+        gen = None
+        try:
+            cfg = json.loads(mj.read_text(encoding="utf-8"))
+            backend = cfg.get("sharded_backend") if isinstance(cfg, dict) else None
+            ev.append(f"metadata.json present (sharded_backend={backend!r})")
+            if isinstance(cfg, dict):
+                if "common_backend" in cfg:
+                    gen = "megatron-core<=0.18 (4-key metadata.json)"
+                elif (path / "common.pt").exists():
+                    gen = "megatron-core<=0.18 (common.pt)"
+                else:
+                    gen = "megatron-core>=0.19 (2-key metadata.json, common_state item)"
+        except (OSError, ValueError, UnicodeDecodeError):
+            ev.append("metadata.json present but unreadable")
+        if (path / "common.pt").exists():
+            ev.append("common.pt present")
+        state = "complete"
+        if not (path / ".metadata").exists():
+            # metadata.json is written after .metadata: a missing .metadata here was lost, not never written.
+            state = "CK103" if (path / ".metadata.tmp").exists() else "CK106"
+        return CheckpointSniff(Format.TORCH_DIST, tuple(ev), gen, state)
+    if is_legacy_dir(path):
+        ev.append("mp_rank_* shard dirs present")
+        return CheckpointSniff(Format.TORCH, tuple(ev), "megatron legacy torch", "complete")
+    if (path / ".metadata").exists():
+        ev.append(".metadata present, no metadata.json")
+        fmt, markers = _dcp_or_unfinished(path)
+        ev.extend(markers)
+        if fmt is Format.TORCH_DIST:
+            ev.append("Megatron markers without metadata.json: a torch_dist save that was not finalized")
+            return CheckpointSniff(Format.TORCH_DIST, tuple(ev), None, "CK101")
+        return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", "complete")
+    tmp = (path / ".metadata.tmp").exists()
+    data = _has_data_files(path)
+    if tmp or data:
+        megatron = megatron_context or (path / "common.pt").exists()
+        fmt = Format.TORCH_DIST if megatron else Format.TORCH_DCP
+        if tmp:
+            ev.append(".metadata.tmp present (crash while writing .metadata)")
+        if data:
+            ev.append("*.distcp data files present without .metadata")
+        if (path / "common.pt").exists():
+            ev.append("common.pt present")
+        return CheckpointSniff(fmt, tuple(ev), None, "CK103" if tmp else "CK102")
+    return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, "CK100")
+
+
+def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
+    markers: list[str] = []
+    if (path / "common.pt").exists():
+        markers.append("common.pt present")
+        return Format.TORCH_DIST, markers
+    size = regular_size(path / ".metadata")
+    if size is None or size > (64 << 20):
+        return Format.TORCH_DCP, markers
+    try:
+        md = read_dcp_metadata((path / ".metadata").read_bytes())
+    except Exception:  # noqa: BLE001 - unreadable metadata is reported by the reader; sniff falls back to DCP
+        return Format.TORCH_DCP, markers
+    keys = [t.key for t in md.tensors] + [o.key for o in md.objects]
+    if any(o.key == "common_state/shard_0_1" for o in md.objects):
+        markers.append("common_state/shard_0_1 item")
+    if any(o.grid is not None for o in md.objects):
+        markers.append("ShardedObject …/shard_<offset>_<shape> keys")
+    if any(k.startswith("optimizer.distributed.") for k in keys):
+        markers.append("optimizer.distributed.* keys")
+    if md.planner_keys is None and keys:
+        markers.append("planner_data is None (Megatron's MCoreSavePlanner)")
+    if markers:
+        return Format.TORCH_DIST, markers
+    if any(k.startswith(FSDP_PREFIXES) for k in keys):
+        return Format.FSDP_DTENSOR, ["fsdp_dtensor key prefixes (model.module., optimizer.state.module.)"]
+    return Format.TORCH_DCP, ["planner_data is a non-empty fqn map (flatten_state_dict=True)"]
+
+
+def path_kind(path: Path) -> Kind:
+    """SAVE_DIR for a save root, CHECKPOINT for anything else (a checkpoint dir or file)."""
+    if path.is_dir() and not (path / "metadata.json").exists() and not (path / ".metadata").exists():
+        if not is_legacy_dir(path) and looks_like_save_dir(path):
+            return Kind.SAVE_DIR
+    return Kind.CHECKPOINT
+
+
+def is_megatron_save_dir(path: Path) -> bool:
+    return (path / TRACKER).exists() or any(p.name.startswith("iter_") or p.name == "release"
+                                             for p in _safe_dirs(path))
+
+
+def _safe_dirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:
+        return []

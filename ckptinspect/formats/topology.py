@@ -1,0 +1,80 @@
+"""Topology (TP/PP/DP/EP/world size) from args, cross-checked with what the files show.
+
+On-disk witnesses (reference §5.2): the `rng_state/shard_{pp}.{tp}_{PP}.{TP}` grid gives PP and TP, the length of
+Megatron's `all_local_plans` and the `rerun_state_machine_state/shard_{r}_{W}` grid give the save-time world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.model import Topology
+
+
+def _int(args: Mapping[str, Any] | None, *names: str) -> int | None:
+    if not args:
+        return None
+    for n in names:
+        v = args.get(n)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def layout_from_metadata(md: DcpMetadata | None) -> dict[str, int]:
+    """What the `.metadata` itself says about the layout: rng grid (pp, tp), world size witnesses."""
+    out: dict[str, int] = {}
+    if md is None:
+        return out
+    for o in md.objects:
+        if o.grid is None:
+            continue
+        if o.family.endswith("rng_state") and len(o.grid) == 2 and "rng_pp" not in out:
+            out["rng_pp"], out["rng_tp"] = o.grid
+        elif o.family.endswith("rerun_state_machine_state") and len(o.grid) == 1 and "rerun_world" not in out:
+            out["rerun_world"] = o.grid[0]
+    if md.rank_items:
+        out["plans_world"] = len(md.rank_items)
+    return out
+
+
+def topology_from(
+    args: Mapping[str, Any] | None, md: DcpMetadata | None, shard_grid: Mapping[str, int] | None = None
+) -> tuple[Topology, dict[str, int]]:
+    """Topology from args, falling back to on-disk witnesses; also returns the witnesses (`layout`)."""
+    layout = layout_from_metadata(md)
+    if shard_grid:
+        layout.update(shard_grid)
+    sources: dict[str, str] = {}
+    tp = _int(args, "tensor_model_parallel_size", "model_parallel_size")
+    pp = _int(args, "pipeline_model_parallel_size")
+    ep = _int(args, "expert_model_parallel_size")
+    world = _int(args, "world_size")
+    dp = _int(args, "data_parallel_size")
+    cp = _int(args, "context_parallel_size") or 1
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("world_size", world), ("dp", dp)):
+        if value is not None:
+            sources[name] = "args"
+    if tp is None and "rng_tp" in layout:
+        tp, sources["tp"] = layout["rng_tp"], "rng_state grid"
+    if pp is None and "rng_pp" in layout:
+        pp, sources["pp"] = layout["rng_pp"], "rng_state grid"
+    if tp is None and "shard_tp" in layout:
+        tp, sources["tp"] = layout["shard_tp"], "mp_rank_* dirs"
+    if pp is None and "shard_pp" in layout:
+        pp, sources["pp"] = layout["shard_pp"], "mp_rank_* dirs"
+    if world is None:
+        for key, src in (("plans_world", "all_local_plans"), ("rerun_world", "rerun_state_machine_state grid")):
+            if key in layout:
+                world, sources["world_size"] = layout[key], src
+                break
+    if dp is None and world and tp and pp and world % (tp * pp * cp) == 0:
+        dp, sources["dp"] = world // (tp * pp * cp), "world_size / (tp * pp * cp)"
+    if world is None and dp and tp and pp:
+        world, sources["world_size"] = dp * tp * pp * cp, "tp * pp * dp * cp"
+    if ep is None and (tp or pp):
+        ep = 1
+        sources["ep"] = "default"
+    return Topology(tp, pp, dp, ep, world, sources), layout

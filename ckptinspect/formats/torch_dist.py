@@ -1,0 +1,190 @@
+"""Reader for Megatron-Core `torch_dist` checkpoints (an `iter_*` dir with `metadata.json`).
+
+Generations (reference §0, §3, §4):
+- ≤0.18 writes `common.pt` (rank 0, `torch.save`) and a 4-key `metadata.json`.
+- ≥0.19 writes no `common.pt`: the common state is the DCP byte item `common_state/shard_0_1`, a `torch.save` of a
+  one-element list, and `metadata.json` has 2 keys.
+- 0.8–0.15 add `mcore_data` (N-D reformulated DistOpt tensors); 0.15 pickles the root as `MCoreMetadata`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ckptinspect.errors import ReadError
+from ckptinspect.findings import Finding
+from ckptinspect.formats._files import pickle_findings, read_item_archive
+from ckptinspect.formats._unpickle import read_torch_file, to_plain
+from ckptinspect.formats.dcp import read_dcp_dir
+from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.topology import topology_from
+from ckptinspect.model import Checkpoint, Format
+
+METADATA_JSON = "metadata.json"
+COMMON_PT = "common.pt"
+COMMON_STATE_KEY = "common_state/shard_0_1"
+KNOWN_BACKENDS = frozenset({"torch_dist", "zarr", "fsdp_dtensor"})
+
+
+def read_metadata_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """Parse `metadata.json`: (config, None) or (None, why it is unreadable)."""
+    try:
+        text = (path / METADATA_JSON).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"unreadable: {getattr(e, 'strerror', None) or e}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"not JSON ({e.msg} at line {e.lineno})"
+    if not isinstance(data, dict):
+        return None, f"not a JSON object ({type(data).__name__})"
+    backend = data.get("sharded_backend")
+    if backend not in KNOWN_BACKENDS:
+        return None, f"unknown sharded_backend {backend!r}"
+    return data, None
+
+
+def read_torch_dist(path: Path, label: str) -> Checkpoint:
+    """Read a Megatron-Core torch_dist checkpoint dir. Never raises for a broken checkpoint."""
+    d = read_dcp_dir(path, label)
+    findings = list(d.findings)
+    md = d.metadata
+    config, why = read_metadata_json(path)
+    if why is not None and (path / METADATA_JSON).exists():
+        findings.append(Finding("CK104", f"metadata.json {why}", METADATA_JSON, label))
+
+    common, common_source, common_findings = _read_common(path, label, md)
+    findings.extend(common_findings)
+    if common is None and md is not None and not any(f.code in ("CK601", "CK206") for f in common_findings):
+        findings.append(
+            Finding(
+                "CK105",
+                "common state missing: no common.pt and no common_state/shard_0_1 item",
+                COMMON_PT, label,
+            )
+        )
+    args = common.get("args") if isinstance(common, dict) else None
+    args = args if isinstance(args, dict) else None
+    iteration = common.get("iteration") if isinstance(common, dict) else None
+    if not isinstance(iteration, int):
+        iteration = args.get("iteration") if args and isinstance(args.get("iteration"), int) else None
+    topology, layout = topology_from(args, md)
+    extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source, "layout": layout}
+    if md is not None:
+        extra["metadata_root"] = md.root_class
+        extra["planner_keys"] = md.planner_keys
+        if md.mcore_data:
+            extra["mcore_data"] = {k: list(v) for k, v in md.mcore_data.items()}
+        if md.unknown_attrs:
+            extra["unknown_metadata_attrs"] = list(md.unknown_attrs)
+    return Checkpoint(
+        path=label,
+        format=Format.TORCH_DIST,
+        generation=_generation(config, common_source, md),
+        iteration=iteration,
+        tensors=md.tensors if md else (),
+        objects=md.objects if md else (),
+        files=d.files,
+        args=args,
+        common={k: v for k, v in common.items() if k != "args"} if isinstance(common, dict) else None,
+        topology=topology,
+        optimizer_sharding=optimizer_sharding(common, md),
+        rank_items=md.rank_items if md else (),
+        findings=tuple(findings),
+        extra=extra,
+    )
+
+
+def _read_common(
+    path: Path, label: str, md: DcpMetadata | None
+) -> tuple[dict[str, Any] | None, str | None, list[Finding]]:
+    """The common state dict, where it came from (`common.pt` / the byte item), and reading findings."""
+    findings: list[Finding] = []
+    if (path / COMMON_PT).exists():
+        try:
+            archive = read_torch_file(path / COMMON_PT)
+        except ReadError as e:
+            findings.append(Finding(e.code, f"common.pt: {e}", COMMON_PT, label))
+            return None, COMMON_PT, findings
+        findings.extend(pickle_findings(archive.report, COMMON_PT, label))
+        return _as_dict(archive.obj, findings, COMMON_PT, label), COMMON_PT, findings
+    if md is None:
+        return None, None, findings
+    item = next((o for o in md.objects if o.key == COMMON_STATE_KEY), None)
+    if item is None:
+        return None, None, findings
+    if item.storage is None:
+        findings.append(Finding("CK304", f"{COMMON_STATE_KEY} has no storage entry", COMMON_STATE_KEY, label))
+        return None, COMMON_STATE_KEY, findings
+    try:
+        archive = read_item_archive(path, item.storage)
+    except ReadError as e:
+        # The storage checks report missing / truncated files; this says what it costs.
+        findings.append(
+            Finding("CK105", f"common state item unreadable: {e}", COMMON_STATE_KEY, label, {"cause": e.code})
+        )
+        return None, COMMON_STATE_KEY, findings
+    findings.extend(pickle_findings(archive.report, COMMON_STATE_KEY, label))
+    obj = archive.obj
+    # Megatron-Core ≥0.19 saves `torch.save([common_state_dict])` (strategies/torch.py:317-322).
+    if isinstance(obj, list) and len(obj) == 1:
+        obj = obj[0]
+    return _as_dict(obj, findings, COMMON_STATE_KEY, label), COMMON_STATE_KEY, findings
+
+
+def _as_dict(obj: Any, findings: list[Finding], subject: str, label: str) -> dict[str, Any] | None:
+    try:
+        plain = to_plain(obj)
+    except ReadError as e:
+        findings.append(Finding(e.code, f"{subject}: {e}", subject, label))
+        return None
+    if not isinstance(plain, dict):
+        findings.append(
+            Finding("CK105", f"{subject} holds a {type(plain).__name__}, not a state dict", subject, label)
+        )
+        return None
+    return plain
+
+
+def optimizer_sharding(common: Mapping[str, Any] | None, md: DcpMetadata | None) -> str | None:
+    """The DistributedOptimizer sharding type (reference §4.3).
+
+    `content_metadata.distrib_optim_sharding_type` (≥0.13) → `optimizer.param_state_sharding_type` in the common
+    state → inferred from the keys: ``optimizer.distributed.*`` tensors with no content metadata (<0.13) are
+    `fully_sharded_model_space` if `ckpt_fully_parallel_save` else `dp_zero_gather_scatter` (checkpointing.py
+    :2620-2631); ``optimizer.state.*`` keys only = a regular or fully reshardable optimizer.
+    """
+    if isinstance(common, dict):
+        cm = common.get("content_metadata")
+        if isinstance(cm, dict) and isinstance(cm.get("distrib_optim_sharding_type"), str):
+            return str(cm["distrib_optim_sharding_type"])
+        opt = common.get("optimizer")
+        if isinstance(opt, dict) and isinstance(opt.get("param_state_sharding_type"), str):
+            return str(opt["param_state_sharding_type"])
+    if md is None:
+        return None
+    keys = [t.key for t in md.tensors]
+    if any(k.startswith("optimizer.distributed.") or ".optimizer.distributed." in k for k in keys):
+        args = common.get("args") if isinstance(common, dict) else None
+        fps = isinstance(args, dict) and bool(args.get("ckpt_fully_parallel_save"))
+        return "fully_sharded_model_space" if fps else "dp_zero_gather_scatter"
+    if any(k.startswith("optimizer.state.") for k in keys):
+        return "model_space"
+    return None
+
+
+def _generation(config: dict[str, Any] | None, common_source: str | None, md: DcpMetadata | None) -> str | None:
+    if md is not None and (md.mcore_data or md.root_class.endswith("MCoreMetadata")):
+        return "megatron-core 0.8-0.15 (mcore_data / MCoreMetadata)"
+    if md is not None and any(g.endswith("MCoreSavePlan") for g in md.report.globals):
+        return "megatron-core 0.11-0.15 (MCoreSavePlan)"
+    if common_source == COMMON_PT:
+        return "megatron-core<=0.18 (common.pt)"
+    if common_source == COMMON_STATE_KEY:
+        return "megatron-core>=0.19 (common_state item)"
+    if config is not None:
+        return "megatron-core>=0.19 (2-key metadata.json)" if "common_backend" not in config else "megatron-core<=0.18"
+    return None

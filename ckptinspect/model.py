@@ -1,0 +1,205 @@
+"""The neutral checkpoint model every reader builds and every check consumes.
+
+Frozen, slotted dataclasses of plain Python types (tuples of ints, dtype names as `str`). Readers translate their
+format's objects into these at their boundary; nothing here knows about pickles, torch or Megatron classes.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptinspect.findings import Finding
+
+
+class Format(enum.Enum):
+    """On-disk checkpoint formats (names as Megatron's `--ckpt-format` spells them)."""
+
+    TORCH_DIST = "torch_dist"
+    TORCH = "torch"  # legacy per-rank mp_rank_* files
+    TORCH_DCP = "torch_dcp"
+    FSDP_DTENSOR = "fsdp_dtensor"
+
+
+class Kind(enum.Enum):
+    """What a path given by the user is."""
+
+    SAVE_DIR = "save_dir"
+    CHECKPOINT = "checkpoint"
+
+
+# Element sizes of the dtypes torch writes, by the short name used throughout the model ("float32", "bfloat16").
+DTYPE_SIZES: Mapping[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1,
+}
+
+
+def dtype_size(dtype: str) -> int | None:
+    """Bytes per element of `dtype`, or None when unknown."""
+    return DTYPE_SIZES.get(dtype)
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    """Number of elements of `shape` (1 for a 0-dim tensor)."""
+    return math.prod(shape)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredItem:
+    """Where one item's bytes live.
+
+    file: path relative to the checkpoint dir (e.g. ``__0_0.distcp``).
+    offset: first byte inside `file`.
+    length: number of bytes.
+    transforms: stream transforms to undo before reading (DCP `transform_descriptors`, e.g. ``stream.zstd/1``).
+    """
+
+    file: str
+    offset: int
+    length: int
+    transforms: tuple[str, ...] = ()
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One stored piece of a tensor.
+
+    offsets: position of the chunk in the tensor's global index space.
+    sizes: extent of the chunk along each axis.
+    storage: its stored bytes, or None when the metadata has no storage entry for it (CK304).
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    storage: StoredItem | None
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A (global) tensor of the checkpoint.
+
+    key: the name on disk (a DCP fqn, a Megatron ShardedTensor key, or a legacy state-dict path).
+    shape: the global shape, as stored (Megatron 0.8–0.15 N-D reformulated tensors keep their on-disk shape).
+    dtype: torch dtype name without the ``torch.`` prefix.
+    chunks: stored pieces; for a legacy per-rank file one chunk that is the whole local tensor.
+    shard: for legacy files, the shard dir it came from (``mp_rank_01_000``); None for global formats.
+    orig_shape: the original shape of an N-D reformulated tensor (`mcore_data`), else None.
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[Chunk, ...]
+    shard: str | None = None
+    orig_shape: tuple[int, ...] | None = None
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's payload (numel × element size; 0 when the dtype is unknown)."""
+        return self.numel * (dtype_size(self.dtype) or 0)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes the chunks occupy on disk, archive overhead included."""
+        return sum(c.storage.length for c in self.chunks if c.storage is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectItem:
+    """A byte item (pickled object) of the checkpoint.
+
+    key: the full name on disk (``rng_state/shard_0.1_2.2``).
+    family: the ShardedObject key before ``/shard_`` (``rng_state``), or `key` for plain byte items.
+    offset / grid: parsed from ``shard_<offsets>_<shape>``; None for plain byte items.
+    storage: where its bytes are, or None when missing.
+    """
+
+    key: str
+    family: str
+    offset: tuple[int, ...] | None
+    grid: tuple[int, ...] | None
+    storage: StoredItem | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """A file of the checkpoint dir.
+
+    name: path relative to the checkpoint dir.
+    size: bytes on disk, or None when it is named by metadata but missing / not a regular file.
+    role: what it is (``data``, ``metadata``, ``common``, ``manifest``, ``model``, ``optimizer``, ``other``).
+    """
+
+    name: str
+    size: int | None
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Parallel layout of the save; None where unknown. `sources` says where each number came from."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    ep: int | None = None
+    world_size: int | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "world_size": self.world_size}
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One checkpoint (an ``iter_*`` dir, a DCP ``step-*`` dir, a legacy iteration dir).
+
+    path: the dir, as given.
+    format: its format, or None when unrecognized.
+    generation: producer generation, e.g. ``megatron-core<=0.18 (common.pt)``; None when unknown.
+    iteration: from the common state / dir name, or None.
+    tensors / objects / files: the content.
+    args: the training args as a plain dict (Megatron's `argparse.Namespace`), or None.
+    common: the rest of the common state, plain data (``iteration``, ``content_metadata``, ...), or None.
+    topology: TP/PP/DP/EP/world size.
+    optimizer_sharding: DistributedOptimizer ``distrib_optim_sharding_type`` (or inferred), None without one.
+    rank_items: per save-time rank, the item keys it wrote (Megatron's `all_local_plans`), () when unknown.
+    findings: what the reader itself found (unreadable files, unsafe pickles, half-written state).
+    extra: format-specific facts for renderers (``metadata_json``, ``mcore_data`` keys, ...).
+    """
+
+    path: str
+    format: Format | None
+    generation: str | None = None
+    iteration: int | None = None
+    tensors: tuple[Tensor, ...] = ()
+    objects: tuple[ObjectItem, ...] = ()
+    files: tuple[FileInfo, ...] = ()
+    args: Mapping[str, Any] | None = None
+    common: Mapping[str, Any] | None = None
+    topology: Topology = field(default_factory=Topology)
+    optimizer_sharding: str | None = None
+    rank_items: tuple[tuple[str, ...], ...] = ()
+    findings: tuple[Finding, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_bytes(self) -> int:
+        """Total bytes of the files on disk."""
+        return sum(f.size or 0 for f in self.files)
