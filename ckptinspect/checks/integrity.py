@@ -1,0 +1,26 @@
+"""Integrity check: verify the checkpoint's SHA-256 manifest (`integrity.json`, or `--manifest FILE`).
+
+A thin adapter over `ckptinspect.manifest.verify_manifest` for `audit`: findings CK400–CK404. Only checkpoint dirs
+have a manifest (Megatron-Core ≥0.17.1 writes `integrity.json` next to `.metadata`); a checkpoint that is a single
+file yields nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ckptinspect.checks import CheckContext
+from ckptinspect.findings import Finding
+from ckptinspect.manifest import verify_manifest
+from ckptinspect.model import Checkpoint
+
+
+def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
+    """Yield the manifest verification findings of `ckpt`, attributed to `ckpt.path`."""
+    root = Path(ckpt.path)
+    if not root.is_dir():
+        return
+    report = verify_manifest(root, ctx.manifest, workers=ctx.workers, progress=ctx.progress, path_label=ckpt.path)
+    for finding in report.findings:
+        yield finding.with_path(ckpt.path)
