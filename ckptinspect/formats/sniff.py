@@ -150,3 +150,51 @@ def _safe_dirs(path: Path) -> list[Path]:
         return [p for p in path.iterdir() if p.is_dir()]
     except OSError:
         return []
+
+
+@dataclass(frozen=True, slots=True)
+class SniffReport:
+    """`sniff PATH`: what PATH is. For a save dir, format and generation are those of the checkpoint a resume
+    would pick; `checkpoint` names it."""
+
+    path: str
+    kind: Kind
+    format: Format | None
+    evidence: tuple[str, ...]
+    generation: str | None
+    state: str
+    checkpoint: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "path": self.path, "kind": self.kind.value, "format": self.format.value if self.format else None,
+            "evidence": list(self.evidence), "generation": self.generation, "state": self.state,
+            "checkpoint": self.checkpoint,
+        }
+
+
+def sniff(path: Path, label: str | None = None) -> SniffReport:
+    """Sniff a save dir or a checkpoint (the caller checked that `path` exists)."""
+    from ckptinspect.formats.savedir import read_save_dir
+
+    label = label if label is not None else str(path)
+    if path_kind(path) is Kind.CHECKPOINT:
+        s = sniff_checkpoint(path)
+        return SniffReport(label, Kind.CHECKPOINT, s.format, s.evidence, s.generation, s.state, label)
+    save = read_save_dir(path)
+    ev: list[str] = []
+    t = save.tracker
+    if t.exists:
+        ev.append(f"{TRACKER}: {t.raw!r}" + (f" ({t.error})" if t.error else f" → iteration {t.iteration}"))
+    else:
+        ev.append(f"no {TRACKER}")
+    ev.append(f"{len(save.iterations)} iteration dir(s): " + ", ".join(i.name for i in save.iterations[:6])
+              + (" ..." if len(save.iterations) > 6 else ""))
+    pick = save.resume_pick()
+    if pick is None:
+        return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, "CK503" if t.exists else "CK100", None)
+    s = sniff_checkpoint(pick.path, save.style == "megatron")
+    ev.append(f"resume would load {pick.name}")
+    ev.extend(f"{pick.name}: {e}" for e in s.evidence)
+    return SniffReport(label, Kind.SAVE_DIR, s.format, tuple(ev), s.generation, s.state,
+                       f"{label.rstrip('/')}/{pick.name}")

@@ -1,0 +1,64 @@
+"""Legacy `torch` format: shard dirs for the whole TP×PP(×EP) grid of the args (CK110), `distrib_optim.pt` where
+the args say distributed optimizer (CK111), args that agree across shard files (CK112)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ckptinspect.checks import CheckContext
+from ckptinspect.findings import Finding
+from ckptinspect.formats.legacy import DISTOPT_FILE, MODEL_FILE, expected_shard_dirs
+from ckptinspect.model import Checkpoint, Format
+
+# Args that legitimately differ between the processes that wrote the shards.
+_PER_RANK_ARGS = frozenset({"rank", "local_rank", "distributed_timeout_minutes"})
+
+
+def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
+    if ckpt.format is not Format.TORCH:
+        return
+    shard_files: Mapping[str, list[str]] = ckpt.extra.get("shard_files") or {}
+    if not shard_files:
+        return  # a single .pt file: nothing to cross-check
+    args = ckpt.args or {}
+    tp = _int(args, "tensor_model_parallel_size", "model_parallel_size")
+    pp = _int(args, "pipeline_model_parallel_size") or 1
+    ep = _int(args, "expert_model_parallel_size") or 1
+    if tp is not None:
+        expected = expected_shard_dirs(tp, pp, ep)
+        missing = [d for d in expected if d not in shard_files]
+        if missing:
+            yield Finding("CK110", f"{len(missing)} of {len(expected)} shard dir(s) missing for TP={tp} PP={pp}"
+                          f" EP={ep}: {', '.join(missing[:8])}", missing[0], ckpt.path,
+                          {"missing": missing, "expected": len(expected)})
+    for name, files in sorted(shard_files.items()):
+        if MODEL_FILE not in files:
+            yield Finding("CK110", f"{name}: shard dir without {MODEL_FILE}", f"{name}/{MODEL_FILE}", ckpt.path)
+    if args.get("use_distributed_optimizer") is True:
+        lacking = [n for n, files in sorted(shard_files.items()) if DISTOPT_FILE not in files]
+        if lacking:
+            yield Finding("CK111", f"args say use_distributed_optimizer but {len(lacking)} shard dir(s) have no"
+                          f" {DISTOPT_FILE}: {', '.join(lacking[:8])}", f"{lacking[0]}/{DISTOPT_FILE}", ckpt.path,
+                          {"shards": lacking})
+    shard_args: Mapping[str, Mapping[str, Any]] = ckpt.extra.get("shard_args") or {}
+    if len(shard_args) > 1:
+        names = sorted(shard_args)
+        ref_name, ref = names[0], shard_args[names[0]]
+        for name in names[1:]:
+            other = shard_args[name]
+            differ = sorted(k for k in set(ref) | set(other)
+                            if k not in _PER_RANK_ARGS and repr(ref.get(k)) != repr(other.get(k)))
+            if differ:
+                yield Finding("CK112", f"{name}: args differ from {ref_name} in {', '.join(differ[:8])}",
+                              f"{name}/{MODEL_FILE}", ckpt.path,
+                              {"args": differ, "a": {k: repr(ref.get(k)) for k in differ[:8]},
+                               "b": {k: repr(other.get(k)) for k in differ[:8]}})
+
+
+def _int(args: Mapping[str, Any], *names: str) -> int | None:
+    for n in names:
+        v = args.get(n)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None

@@ -1,0 +1,46 @@
+"""Save-dir checks: the tracker and the crash leftovers around it (CK501–CK506, reference §8.2).
+
+Unlike the other checks this one looks at a save dir, not a checkpoint: it needs the status of every iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from ckptinspect.findings import Finding, Status
+from ckptinspect.formats.savedir import TRACKER, IterationDir, SaveDir
+
+
+def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[Finding]:
+    """Findings for `save`, given the status of each iteration dir (by dir name)."""
+    tracker = save.tracker
+    if not tracker.exists:
+        if save.style == "megatron":
+            yield Finding("CK501", f"no {TRACKER}: a resume picks nothing unless told (--ckpt-step)", TRACKER, label)
+        return
+    if tracker.error is not None:
+        yield Finding("CK502", f"{TRACKER} is unparseable ({tracker.error}); Megatron exits with 'Invalid metadata"
+                      " file'", TRACKER, label, {"raw": tracker.raw})
+        return
+    tracked = save.find(tracker.iteration)
+    name = "release" if tracker.iteration == "release" else f"iter_{int(tracker.iteration or 0):07d}"
+    if tracked is None:
+        yield Finding("CK503", f"{TRACKER} names {name}, which does not exist", name, label,
+                      {"iteration": tracker.iteration})
+    elif statuses.get(tracked.name) is Status.INCOMPLETE:
+        yield Finding("CK504", f"{TRACKER} names {tracked.name}, which is not complete", tracked.name, label,
+                      {"iteration": tracker.iteration})
+    for it in save.iterations:
+        if tracked is not None and it.name == tracked.name:
+            continue
+        status = statuses.get(it.name)
+        if status is Status.COMPLETE and _newer(it, tracker.iteration):
+            yield Finding("CK505", f"{it.name} is complete and newer than the tracked iteration (finalize never ran?)",
+                          it.name, label, {"iteration": it.iteration})
+        elif status is Status.INCOMPLETE:
+            yield Finding("CK506", f"{it.name} is an incomplete save (leftover of a crash?)", it.name, label,
+                          {"iteration": it.iteration})
+
+
+def _newer(it: IterationDir, tracked: int | str | None) -> bool:
+    return isinstance(it.iteration, int) and isinstance(tracked, int) and it.iteration > tracked

@@ -1,0 +1,1 @@
+"""The typer CLI: options, commands, exit codes — nothing else."""

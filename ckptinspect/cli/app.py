@@ -1,0 +1,392 @@
+"""`ckptinspect` commands. Each parses options, calls one library function, renders, returns an exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ckptinspect import __version__
+from ckptinspect.cli.shell import (
+    EXIT_OK,
+    DebugOpt,
+    FailOn,
+    FailOnOpt,
+    IgnoreOpt,
+    Output,
+    OutputOpt,
+    SelectOpt,
+    emit_raw,
+    emit_text,
+    exit_for,
+    guarded,
+    progress_bar,
+    usage_exit,
+)
+
+app = typer.Typer(
+    name="ckptinspect",
+    help="Inspect and validate Megatron-LM / PyTorch DCP checkpoints offline: no GPU, no torch, no code execution.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+manifest_app = typer.Typer(help="SHA-256 integrity manifests (Megatron's integrity.json).", no_args_is_help=True)
+app.add_typer(manifest_app, name="manifest")
+
+PathArg = Annotated[Path, typer.Argument(help="a save dir or one checkpoint")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        emit_raw(f"ckptinspect {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="print the version and exit")] = None,
+) -> None:
+    """ckptinspect: is this checkpoint whole, and what will a resume restore?"""
+
+
+def _only(output: Output, allowed: tuple[Output, ...]) -> None:
+    if output not in allowed:
+        usage_exit(f"--output {output.value} is not available for this command "
+                   f"(use {' | '.join(o.value for o in allowed)})")
+
+
+def _exists(path: Path) -> None:
+    if not (path.exists() or path.is_symlink()):
+        usage_exit(f"{path}: no such file or directory")
+
+
+@app.command()
+def sniff(path: PathArg, output: OutputOpt = Output.TEXT, debug: DebugOpt = False) -> None:
+    """Say what PATH is: save dir or checkpoint, its format, the evidence, the producer generation."""
+
+    def body() -> int:
+        from ckptinspect.formats.sniff import sniff as do_sniff
+
+        _only(output, (Output.TEXT, Output.JSON))
+        _exists(path)
+        r = do_sniff(path, str(path))
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import dumps, envelope
+
+            emit_raw(dumps(envelope("sniff", r.to_dict())))
+        else:
+            from ckptinspect.render.text import render_sniff
+
+            emit_text(render_sniff(r))
+        return EXIT_OK
+
+    guarded(debug, body)
+
+
+@app.command("ls")
+def ls_cmd(
+    path: Annotated[Path, typer.Argument(help="a save dir")],
+    output: OutputOpt = Output.TEXT,
+    fail_on: FailOnOpt = FailOn.ERROR,
+    debug: DebugOpt = False,
+) -> None:
+    """Every iteration dir: format, status, size, file count, which one the tracker names."""
+
+    def body() -> int:
+        from ckptinspect.audit import list_save_dir
+
+        _only(output, (Output.TEXT, Output.JSON))
+        listing = list_save_dir(path, str(path))
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import dumps, ls_doc
+
+            emit_raw(dumps(ls_doc(listing)))
+        else:
+            from ckptinspect.render.text import render_ls
+
+            emit_text(render_ls(listing))
+        return exit_for(list(listing.findings), fail_on)
+
+    guarded(debug, body)
+
+
+@app.command()
+def info(
+    path: PathArg,
+    output: OutputOpt = Output.TEXT,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="write the tensor table to this CSV file")] = None,
+    fail_on: FailOnOpt = FailOn.ERROR,
+    debug: DebugOpt = False,
+) -> None:
+    """Summary (format, iteration, topology, optimizer sharding, bytes) and the tensor / object table."""
+
+    def body() -> int:
+        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.formats import read_checkpoint
+        from ckptinspect.summary import summarize
+
+        _only(output, (Output.TEXT, Output.JSON))
+        ckpt_path, label = resolve_checkpoint(path, str(path))
+        ckpt = read_checkpoint(ckpt_path, label)
+        s = summarize(ckpt)
+        if csv is not None:
+            from ckptinspect.render.frames import write_tensor_csv
+
+            write_tensor_csv(ckpt, csv)
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import dumps, info_doc
+
+            emit_raw(dumps(info_doc(ckpt, s)))
+        else:
+            from ckptinspect.render.text import render_info
+
+            emit_text(render_info(ckpt, s))
+        return exit_for(list(ckpt.findings), fail_on)
+
+    guarded(debug, body)
+
+
+@app.command()
+def audit(
+    path: PathArg,
+    deep: Annotated[bool, typer.Option("--deep", help="read every stored item (archive, payload size)")] = False,
+    all_iterations: Annotated[bool, typer.Option("--all", help="fully audit every iteration of a save dir")] = False,
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="verify this manifest file")] = None,
+    output: OutputOpt = Output.TEXT,
+    fail_on: FailOnOpt = FailOn.ERROR,
+    select: SelectOpt = None,
+    ignore: IgnoreOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Run every check; print the verdict; exit 1 on findings at or above --fail-on."""
+
+    def body() -> int:
+        from ckptinspect.audit import AuditOptions
+        from ckptinspect.audit import audit as do_audit
+        from ckptinspect.checks import CheckContext
+
+        if manifest is not None and not manifest.exists():
+            usage_exit(f"--manifest {manifest}: no such file")
+        with progress_bar(output is Output.TEXT and deep, "deep read") as hook:
+            opts = AuditOptions(deep=deep, all_iterations=all_iterations, manifest=manifest,
+                                select=tuple(select or ()), ignore=tuple(ignore or ()),
+                                context=CheckContext(progress=hook))
+            report = do_audit(path, opts, str(path))
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import audit_doc, dumps
+
+            emit_raw(dumps(audit_doc(report)))
+        elif output is Output.MARKDOWN:
+            from ckptinspect.render.markdown import audit_markdown
+
+            emit_raw(audit_markdown(report))
+        elif output is Output.JUNIT:
+            from ckptinspect.render.junit import findings_junit
+
+            emit_raw(findings_junit(report.path, list(report.findings)))
+        else:
+            from ckptinspect.render.text import render_audit
+
+            emit_text(render_audit(report))
+        return exit_for(list(report.findings), fail_on)
+
+    guarded(debug, body)
+
+
+@app.command()
+def coverage(
+    path: PathArg,
+    keys: Annotated[Optional[list[str]], typer.Argument(help="tensor keys (default: all)")] = None,
+    svg: Annotated[Optional[Path], typer.Option("--svg", help="write the chunk-grid picture of one tensor")] = None,
+    output: OutputOpt = Output.TEXT,
+    fail_on: FailOnOpt = FailOn.ERROR,
+    debug: DebugOpt = False,
+) -> None:
+    """Per-tensor coverage; for one tensor, a picture of its chunk grid with gaps and overlaps marked."""
+
+    def body() -> int:
+        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.checks.coverage import findings_for, tensor_coverage
+        from ckptinspect.formats import read_checkpoint
+
+        _only(output, (Output.TEXT, Output.JSON))
+        ckpt_path, label = resolve_checkpoint(path, str(path))
+        ckpt = read_checkpoint(ckpt_path, label)
+        tensors = list(ckpt.tensors)
+        if keys:
+            by_key = {t.key: t for t in tensors}
+            missing = [k for k in keys if k not in by_key]
+            if missing:
+                usage_exit(f"no tensor named {missing[0]!r} in {label} ({len(tensors)} tensors; see `info`)")
+            tensors = [by_key[k] for k in keys]
+        covs = [tensor_coverage(t) for t in tensors]
+        findings = list(ckpt.findings) + [f for c in covs for f in findings_for(c, label)]
+        picture = None
+        if len(tensors) == 1:
+            from ckptinspect.picture import chunk_picture
+
+            picture = chunk_picture(tensors[0])
+            if svg is not None:
+                from ckptinspect.render.svg import picture_svg
+
+                svg.write_text(picture_svg(picture), encoding="utf-8")
+        elif svg is not None:
+            usage_exit("--svg needs exactly one KEY")
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import dumps, envelope, findings_list
+
+            doc = envelope("coverage", {
+                "path": label, "tensors": [c.to_dict() for c in covs], "findings": findings_list(findings),
+                **({"picture": picture.to_dict()} if picture is not None else {}),
+            })
+            emit_raw(dumps(doc))
+        else:
+            from rich.console import Group
+
+            from ckptinspect.render.text import render_coverage_table, render_findings, render_picture
+
+            parts = [render_coverage_table(covs)]
+            if picture is not None:
+                parts.append(render_picture(picture))
+            if findings:
+                parts.append(render_findings(findings))
+            emit_text(Group(*parts))
+        return exit_for(findings, fail_on)
+
+    guarded(debug, body)
+
+
+@manifest_app.command("verify")
+def manifest_verify(
+    path: PathArg,
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="manifest file (default: integrity.json)")]
+    = None,
+    shard: Annotated[Optional[str], typer.Option("--shard", help="K/N: verify the K-th (0-based) of N slices")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads (default: cores)")] = None,
+    output: OutputOpt = Output.TEXT,
+    fail_on: FailOnOpt = FailOn.ERROR,
+    debug: DebugOpt = False,
+) -> None:
+    """Verify a SHA-256 manifest (the checkpoint's own integrity.json by default)."""
+
+    def body() -> int:
+        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.manifest import verify_manifest
+
+        _only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
+        ckpt_path, label = resolve_checkpoint(path, str(path))
+        if manifest is not None and not manifest.exists():
+            usage_exit(f"--manifest {manifest}: no such file")
+        shard_t = _parse_shard(shard)
+        with progress_bar(output is Output.TEXT, "sha256") as hook:
+            report = verify_manifest(ckpt_path, manifest, shard=shard_t, workers=workers, progress=hook,
+                                     path_label=label)
+        _emit_manifest_report("manifest verify", report, output)
+        return exit_for(list(report.findings), fail_on)
+
+    guarded(debug, body)
+
+
+@manifest_app.command("merge")
+def manifest_merge(
+    reports: Annotated[list[Path], typer.Argument(help="JSON reports of `manifest verify --shard K/N -o json`")],
+    output: OutputOpt = Output.TEXT,
+    fail_on: FailOnOpt = FailOn.ERROR,
+    debug: DebugOpt = False,
+) -> None:
+    """Combine the JSON reports of sharded verifications into one verdict."""
+
+    def body() -> int:
+        from ckptinspect.manifest import merge_reports
+
+        _only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
+        docs = []
+        for p in reports:
+            try:
+                docs.append(json.loads(p.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as e:
+                usage_exit(f"{p}: not a readable JSON report ({e})")
+        report = merge_reports(docs)
+        _emit_manifest_report("manifest merge", report, output)
+        return exit_for(list(report.findings), fail_on)
+
+    guarded(debug, body)
+
+
+@manifest_app.command("write")
+def manifest_write(
+    path: PathArg,
+    out: Annotated[Optional[Path], typer.Option("--out", help="where to write (default: CKPT/integrity.json)")]
+    = None,
+    recursive: Annotated[bool, typer.Option("--recursive", help="also list files in sub-dirs")] = False,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads")] = None,
+    output: OutputOpt = Output.TEXT,
+    debug: DebugOpt = False,
+) -> None:
+    """Write a SHA-256 manifest in Megatron's integrity.json schema (atomically)."""
+
+    def body() -> int:
+        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.manifest import write_manifest
+
+        _only(output, (Output.TEXT, Output.JSON))
+        ckpt_path, label = resolve_checkpoint(path, str(path))
+        with progress_bar(output is Output.TEXT, "sha256") as hook:
+            written = write_manifest(ckpt_path, out, recursive=recursive, workers=workers, progress=hook)
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import dumps, envelope
+
+            emit_raw(dumps(envelope("manifest write", {"path": label, "manifest": written.path,
+                                                       "files": dict(written.files),
+                                                       "bytes_hashed": written.bytes_hashed})))
+        else:
+            emit_raw(f"wrote {written.path}: {len(written.files)} file(s), {written.bytes_hashed} bytes hashed")
+        return EXIT_OK
+
+    guarded(debug, body)
+
+
+def _parse_shard(shard: str | None) -> tuple[int, int] | None:
+    if shard is None:
+        return None
+    try:
+        k, n = (int(x) for x in shard.split("/", 1))
+    except ValueError:
+        usage_exit(f"--shard {shard!r}: expected K/N, e.g. 0/4")
+    if not (n > 0 and 0 <= k < n):
+        usage_exit(f"--shard {shard!r}: need 0 <= K < N")
+    return k, n
+
+
+def _emit_manifest_report(command: str, report: object, output: Output) -> None:
+    from ckptinspect.manifest import ManifestReport
+
+    assert isinstance(report, ManifestReport)
+    if output is Output.JSON:
+        from ckptinspect.render.json_doc import dumps, envelope
+
+        emit_raw(dumps(envelope(command, report.to_dict())))
+    elif output is Output.JUNIT:
+        from ckptinspect.render.junit import findings_junit
+
+        emit_raw(findings_junit(command, list(report.findings)))
+    else:
+        from rich.console import Group
+        from rich.text import Text
+
+        from ckptinspect.render.text import render_findings, status_text
+
+        head = Text.assemble(("verdict: ", "bold"), status_text(report.status),
+                             f"   {report.files_checked} file(s) checked, {report.bytes_hashed} bytes hashed")
+        parts: list[object] = [head]
+        if report.findings:
+            parts.append(render_findings(list(report.findings)))
+        emit_text(Group(*parts))  # type: ignore[arg-type]
+
+
+def main() -> None:
+    app()

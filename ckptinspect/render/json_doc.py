@@ -1,0 +1,107 @@
+"""JSON documents of every command (CONTRACT.md "JSON output"): plain dicts with the envelope keys."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ckptinspect import __version__
+from ckptinspect.audit import AuditReport, Listing
+from ckptinspect.findings import Finding
+from ckptinspect.model import Checkpoint
+from ckptinspect.summary import Summary
+
+SCHEMA_VERSION = 1
+
+
+def envelope(command: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "ckptinspect", "version": __version__,
+                           "command": command}
+    doc.update(body)
+    return doc
+
+
+def dumps(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, indent=2, default=_default, ensure_ascii=False)
+
+
+def _default(o: Any) -> Any:
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=repr)
+    if isinstance(o, bytes):
+        return f"<{len(o)} bytes>"
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if hasattr(o, "__dataclass_fields__"):
+        return {k: getattr(o, k) for k in o.__dataclass_fields__}
+    return str(o)
+
+
+def findings_list(findings: Iterable[Finding]) -> list[dict[str, Any]]:
+    return [f.to_dict() for f in findings]
+
+
+def counts(findings: Iterable[Finding]) -> dict[str, int]:
+    out = {"error": 0, "warning": 0, "info": 0}
+    for f in findings:
+        out[f.severity.value] += 1
+    return out
+
+
+def audit_doc(r: AuditReport) -> dict[str, Any]:
+    summary: dict[str, Any] = {"findings": counts(r.findings), "checkpoints": len(r.checkpoints)}
+    if r.summary is not None:
+        summary.update(r.summary.to_dict())
+    picked = r.picked.checkpoint if r.picked else None
+    if picked is not None:
+        summary["topology"] = picked.topology.to_dict()
+        summary["optimizer_sharding"] = picked.optimizer_sharding
+        summary["generation"] = picked.generation
+    body: dict[str, Any] = {
+        "path": r.path, "kind": r.kind.value, "format": r.format, "iteration": r.iteration,
+        "status": r.status.value, "findings": findings_list(r.findings),
+        "checkpoints": [a.to_dict() for a in r.checkpoints], "summary": summary,
+    }
+    if r.save_dir is not None:
+        body["tracker"] = r.save_dir.tracker.to_dict()
+        body["picked"] = r.picked.name if r.picked else None
+    return envelope("audit", body)
+
+
+def ls_doc(listing: Listing) -> dict[str, Any]:
+    return envelope("ls", {
+        "path": listing.path, "tracker": listing.tracker,
+        "iterations": [row.to_dict() for row in listing.iterations],
+        "findings": findings_list(listing.findings),
+    })
+
+
+def info_doc(c: Checkpoint, s: Summary) -> dict[str, Any]:
+    return envelope("info", {
+        "path": c.path,
+        "format": c.format.value if c.format else None,
+        "generation": c.generation,
+        "iteration": c.iteration,
+        "topology": c.topology.to_dict(),
+        "topology_sources": dict(c.topology.sources),
+        "optimizer_sharding": c.optimizer_sharding,
+        "tensors": [
+            {"key": t.key, "shape": list(t.shape), "dtype": t.dtype, "chunks": len(t.chunks), "bytes": t.nbytes,
+             "stored_bytes": t.stored_bytes, **({"shard": t.shard} if t.shard else {}),
+             **({"orig_shape": list(t.orig_shape)} if t.orig_shape else {})}
+            for t in c.tensors
+        ],
+        "objects": [
+            {"key": o.key, "family": o.family, "offset": list(o.offset) if o.offset is not None else None,
+             "grid": list(o.grid) if o.grid is not None else None,
+             "bytes": o.storage.length if o.storage else None}
+            for o in c.objects
+        ],
+        "bytes": c.data_bytes,
+        "files": [{"name": f.name, "size": f.size, "role": f.role} for f in c.files],
+        "args": dict(c.args) if c.args is not None else None,
+        "common": dict(c.common) if c.common is not None else None,
+        "summary": s.to_dict(),
+        "findings": findings_list(c.findings),
+    })

@@ -1,0 +1,85 @@
+"""Who wrote what: bytes per save-time rank and per file, split into model / optimizer / rng / other.
+
+Ranks come from the data file names (`__{rank}_{i}.distcp`, Megatron `filesystem_async.py` and torch
+`prepare_global_plan`); components from the item keys. This shows whether the fully-parallel save spread the write
+evenly over the DP group and how big each component is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from ckptinspect.model import Checkpoint, StoredItem
+
+_RANK_FILE = re.compile(r"^(?:.*?)__(\d+)_(\d+)\.distcp$")
+COMPONENTS = ("model", "optimizer", "rng", "other")
+
+
+def component_of(key: str) -> str:
+    """model / optimizer / rng / other for an item key (Megatron and torchtitan naming)."""
+    if key.startswith(("optimizer.", "optimizer/", "distrib_optim.", "optim.")) or ".optimizer." in key[:40]:
+        return "optimizer"
+    if "rng_state" in key:
+        return "rng"
+    if key.startswith(("common_state/", "rerun_state_machine_state", "train_state", "args", "iteration",
+                       "dataloader", "lr_scheduler", "opt_param_scheduler")):
+        return "other"
+    return "model"
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Counts and byte splits of a checkpoint."""
+
+    tensors: int
+    chunks: int
+    objects: int
+    files: int
+    bytes: int
+    payload_bytes: int
+    by_component: dict[str, int]
+    by_rank: dict[int, dict[str, int]]
+    by_file: dict[str, dict[str, int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tensors": self.tensors, "chunks": self.chunks, "objects": self.objects, "files": self.files,
+            "bytes": self.bytes, "payload_bytes": self.payload_bytes, "by_component": self.by_component,
+            "by_rank": {str(k): v for k, v in sorted(self.by_rank.items())},
+            "by_file": self.by_file,
+        }
+
+
+def summarize(ckpt: Checkpoint) -> Summary:
+    by_component = dict.fromkeys(COMPONENTS, 0)
+    by_file: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COMPONENTS, 0))
+    chunks = 0
+
+    def add(key: str, item: StoredItem | None) -> None:
+        if item is None:
+            return
+        comp = component_of(key)
+        by_component[comp] += item.length
+        by_file[item.file][comp] += item.length
+
+    for t in ckpt.tensors:
+        comp_key = t.key
+        chunks += len(t.chunks)
+        for c in t.chunks:
+            add(comp_key, c.storage)
+    for o in ckpt.objects:
+        add(o.key, o.storage)
+    by_rank: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COMPONENTS, 0))
+    for name, comps in by_file.items():
+        m = _RANK_FILE.match(name.rsplit("/", 1)[-1])
+        if m:
+            for comp, n in comps.items():
+                by_rank[int(m.group(1))][comp] += n
+    return Summary(
+        tensors=len(ckpt.tensors), chunks=chunks, objects=len(ckpt.objects), files=len(ckpt.files),
+        bytes=ckpt.data_bytes, payload_bytes=sum(t.nbytes for t in ckpt.tensors),
+        by_component=by_component, by_rank=dict(by_rank), by_file={k: dict(v) for k, v in sorted(by_file.items())},
+    )
