@@ -71,6 +71,13 @@ class AuditReport:
     summary: Summary | None
 
     @property
+    def gating_findings(self) -> tuple[Finding, ...]:
+        """The findings the verdict and the exit code rest on: the save dir's own, and those of every fully audited
+        checkpoint. A cheaply classified leftover iteration counts through CK505/CK506, not its own errors."""
+        own = {id(f) for a in self.checkpoints if not a.full for f in a.findings}
+        return tuple(f for f in self.findings if id(f) not in own)
+
+    @property
     def format(self) -> str | None:
         c = self.picked.checkpoint if self.picked else None
         return c.format.value if c and c.format else None
@@ -88,7 +95,7 @@ def audit_checkpoint(
     ctx = replace(opts.context, deep=opts.deep and full, manifest=opts.manifest if full else None)
     findings: list[Finding] = list(ckpt.findings)
     for check_name, check in CHECKS:
-        if not full and check_name in CHEAP_SKIP:
+        if ckpt.format is None or (not full and check_name in CHEAP_SKIP):
             continue
         findings.extend(f.with_path(label) for f in check(ckpt, ctx))
     kept = tuple(filter_findings(findings, opts.select, opts.ignore))

@@ -187,12 +187,12 @@ def audit(
         elif output is Output.JUNIT:
             from ckptinspect.render.junit import findings_junit
 
-            emit_raw(findings_junit(report.path, list(report.findings)))
+            emit_raw(findings_junit(report.path, list(report.gating_findings)))
         else:
             from ckptinspect.render.text import render_audit
 
             emit_text(render_audit(report))
-        return exit_for(list(report.findings), fail_on)
+        return exit_for(list(report.gating_findings), fail_on)
 
     guarded(debug, body)
 

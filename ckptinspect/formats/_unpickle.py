@@ -151,6 +151,11 @@ class PickleReport:
         return sorted(k for k, v in self.globals.items() if v is GlobalClass.UNKNOWN)
 
 
+class StateDict(dict):  # type: ignore[type-arg]
+    """`collections.OrderedDict` stand-in: a dict that also takes attributes (torch state dicts carry
+    `_metadata`, which pickles as a BUILD state)."""
+
+
 # --- allowed functions, re-implemented as data builders -------------------------------------------------------
 
 
@@ -233,7 +238,7 @@ _FUNCTIONS: Mapping[tuple[str, str], Callable[..., Any]] = {
     ("torch", "Size"): _size,
     ("torch.serialization", "_get_layout"): _get_layout,
     ("torch", "device"): _device,
-    ("collections", "OrderedDict"): dict,
+    ("collections", "OrderedDict"): StateDict,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
     ("builtins", "slice"): slice,
