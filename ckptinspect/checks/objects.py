@@ -29,13 +29,12 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
 
 
 def _family(family: str, items: list[ObjectItem], path: str) -> Iterator[Finding]:
-    grids = {o.grid for o in items}
+    grids = {o.grid for o in items if o.grid is not None}
     if len(grids) > 1:
         yield Finding("CK306", f"{family}: inconsistent global shapes {sorted(grids)}", family, path,
                       {"shapes": [list(g) for g in sorted(grids) if g]})
         return
     grid = next(iter(grids))
-    assert grid is not None  # filtered by the caller
     if any(d < 0 for d in grid):
         return  # old keys without a full shape (`empty_from_unique_key` appends -1): nothing to fill
     seen: dict[tuple[int, ...], int] = defaultdict(int)

@@ -325,7 +325,7 @@ def load_pickle(data: bytes | memoryview, report: PickleReport | None = None) ->
     """Unpickle `data` with `SafeUnpickler`. Raises `ReadError` (CK206) / `LimitExceeded` (CK603) on bad input."""
     if len(data) > MAX_PICKLE_BYTES:
         raise LimitExceeded(f"pickle of {len(data)} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
-    unpickler = SafeUnpickler(io.BufferedReader(io.BytesIO(data)), report)  # type: ignore[arg-type]
+    unpickler = SafeUnpickler(io.BufferedReader(io.BytesIO(data)), report)
     try:
         return unpickler.load()
     except (MemoryError, RecursionError) as e:
