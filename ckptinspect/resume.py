@@ -51,6 +51,11 @@ class Component(enum.Enum):
     ITERATION = "iteration"
 
 
+SOURCES: Mapping[str, str] = {
+    "[LM]": "Megatron-LM megatron/training/checkpointing.py @0032978f",
+    "[tok]": "Megatron-LM megatron/training/tokenizer/tokenizer.py @00ee9667",
+    "[mc]": "megatron-core 0.16.1 (megatron/core/...)",
+}
 FULLY_RESHARDABLE = frozenset({"fully_reshardable", "fully_sharded_model_space", "fsdp_dtensor"})  # [mc] distrib_optimizer.py:105-109
 DISTOPT_TYPES = FULLY_RESHARDABLE | {"dp_reshardable", "dp_zero_gather_scatter"}
 # build_tokenizer asserts `args.vocab_file is not None` for these [tok], so check_checkpoint_args' vocab branch runs.
@@ -191,7 +196,7 @@ class ResumePrediction:
                 "source": dict(self.source), "target": dict(self.target),
                 "components": {c.value: p.to_dict() for c, p in self.components.items()},
                 "vocab": self.vocab.to_dict() if self.vocab else None, "problems": list(self.problems),
-                "notes": list(self.notes), "rules": [r.to_dict() for r in self.rules]}
+                "notes": list(self.notes), "rules": [r.to_dict() for r in self.rules], "sources": dict(SOURCES)}
 
 
 def verdict_of(outcomes: Mapping[Component, ComponentPrediction]) -> Verdict:
