@@ -56,7 +56,8 @@ SOURCES: Mapping[str, str] = {
     "[tok]": "Megatron-LM megatron/training/tokenizer/tokenizer.py @00ee9667",
     "[mc]": "megatron-core 0.16.1 (megatron/core/...)",
 }
-FULLY_RESHARDABLE = frozenset({"fully_reshardable", "fully_sharded_model_space", "fsdp_dtensor"})  # [mc] distrib_optimizer.py:105-109
+# DistributedOptimizer.checkpoint_fully_reshardable_formats, [mc] distrib_optimizer.py:105-109
+FULLY_RESHARDABLE = frozenset({"fully_reshardable", "fully_sharded_model_space", "fsdp_dtensor"})
 DISTOPT_TYPES = FULLY_RESHARDABLE | {"dp_reshardable", "dp_zero_gather_scatter"}
 # build_tokenizer asserts `args.vocab_file is not None` for these [tok], so check_checkpoint_args' vocab branch runs.
 VOCAB_FILE_TOKENIZERS = frozenset({"GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase"})
@@ -273,6 +274,8 @@ def _layouts(ckpt: Checkpoint, t: ResumeTarget, args: Mapping[str, Any]) -> tupl
         dp, how = None, "unknown (the saved world size is not divisible by TP × PP × CP; pass --dp)"
         if src.world_size and src.world_size % (t.tp * t.pp * dcp) == 0:
             dp, how = src.world_size // (t.tp * t.pp * dcp), f"derived: saved world size {src.world_size}"
+        elif src.world_size is None and src.dp and (src.tp, src.pp, src.cp) == (t.tp, t.pp, dcp):
+            dp, how = src.dp, "as saved (the saved world size is unknown)"
     dst = Layout(t.tp, t.pp, dp, t.ep or src.ep, dcp, dp * t.tp * t.pp * dcp if dp else None)
     return src, dst, how
 
@@ -283,7 +286,7 @@ def _problems(a: Mapping[str, Any], src: Layout, dst: Layout) -> list[str]:
     layers, heads, ffn = _int(a.get("num_layers")), _int(a.get("num_attention_heads")), _int(a.get("ffn_hidden_size"))
     tp, pp, ep = dst.tp, dst.pp, dst.ep
     if layers and not any(a.get(k) for k in _UNEVEN_PP_ARGS):
-        n = layers + bool(a.get("account_for_embedding_in_pipeline_split")) + bool(a.get("account_for_loss_in_pipeline_split"))
+        n = layers + sum(bool(a.get(f"account_for_{x}_in_pipeline_split")) for x in ("embedding", "loss"))
         if n % pp:
             out.append(f"num_layers {n} is not divisible by PP {pp} ([mc] transformer_block.py:155 "
                        "get_num_layers_to_build: 'num_layers should be divisible by pipeline_model_parallel_size')")
@@ -524,8 +527,8 @@ def _release(f: _Facts) -> str | None:
 def _o_missing(f: _Facts) -> str | None:
     return None if f.has_optimizer else (
         "the checkpoint holds no optimizer state (saved with --no-save-optim), yet load_checkpoint calls "
-        "optimizer.load_state_dict(state_dict['optimizer']) → KeyError, 'Unable to load optimizer from checkpoint … "
-        "Specify --no-load-optim or --finetune'")
+        "optimizer.load_state_dict(state_dict['optimizer']) → KeyError, 'Unable to load optimizer from checkpoint "
+        "… Specify --no-load-optim or --finetune'")
 
 
 def _o_flattened(f: _Facts) -> str | None:
@@ -606,7 +609,9 @@ def _loaded(f: _Facts) -> str | None:
 
 
 def _r_absent(f: _Facts) -> str | None:
-    if f.has_rng or not (f.skip_flag(False) or f.release or f.args.get("no_save_rng")):
+    # torch_dist requests rng_state only with an unchanged (TP, PP) and no ckpt_args.no_save_rng; legacy always reads.
+    quiet = not f.legacy and (f.split_changed or f.args.get("no_save_rng"))
+    if f.has_rng or not (f.skip_flag(False) or f.release or quiet):
         return None
     return "the checkpoint holds no rng state (saved with --no-save-rng)"
 
@@ -670,8 +675,10 @@ def _x_finetune(f: _Facts) -> str | None:
 
 
 def _x_idle(f: _Facts) -> str | None:
-    return ("the saved rerun state machine was idle (RerunState.NOT_RUNNING_YET): validate_state_dict returns False, "
-            "so Megatron never restores it, whatever the topology — nothing to restore") if f.rerun == "idle" else None
+    if f.rerun != "idle":
+        return None
+    return ("the saved rerun state machine was idle (RerunState.NOT_RUNNING_YET): validate_state_dict returns "
+            "False, so Megatron never restores it, whatever the topology — nothing to restore")
 
 
 def _x_changed(f: _Facts) -> str | None:
