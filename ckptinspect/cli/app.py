@@ -350,6 +350,79 @@ def manifest_write(
     guarded(debug, body)
 
 
+@app.command()
+def diff(
+    a: Annotated[Path, typer.Argument(help="checkpoint or save dir A")],
+    b: Annotated[Path, typer.Argument(help="checkpoint or save dir B")],
+    values: Annotated[bool, typer.Option("--values", help="also compare tensor contents chunk by chunk")] = False,
+    output: OutputOpt = Output.TEXT,
+    debug: DebugOpt = False,
+) -> None:
+    """Args diff (classified, blocking or not) and tensor diff (keys, shapes, dtypes, layouts; values)."""
+
+    def body() -> int:
+        from ckptinspect.diff import diff_paths
+
+        _only(output, (Output.TEXT, Output.JSON))
+        with progress_bar(output is Output.TEXT and values, "values") as hook:
+            result = diff_paths(a, b, values=values, progress=hook, a_label=str(a), b_label=str(b))
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import dumps, envelope
+
+            emit_raw(dumps(envelope("diff", result.to_dict())))
+        else:
+            from ckptinspect.render.diff_text import render_diff
+
+            emit_text(render_diff(result))
+        return 1 if result.blocking else EXIT_OK
+
+    guarded(debug, body)
+
+
+@app.command()
+def resume(
+    path: PathArg,
+    tp: Annotated[int, typer.Option("--tp", help="target tensor-parallel size")],
+    pp: Annotated[int, typer.Option("--pp", help="target pipeline-parallel size")],
+    dp: Annotated[Optional[int], typer.Option("--dp", help="target data-parallel size")] = None,
+    ep: Annotated[Optional[int], typer.Option("--ep", help="target expert-parallel size")] = None,
+    make_vocab_size_divisible_by: Annotated[Optional[int], typer.Option(
+        "--make-vocab-size-divisible-by", help="target --make-vocab-size-divisible-by")] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(
+        "--vocab-size", help="tokenizer vocabulary size, when the checkpoint's args lack it")] = None,
+    finetune: Annotated[bool, typer.Option("--finetune", help="resume as Megatron --finetune")] = False,
+    no_load_optim: Annotated[bool, typer.Option("--no-load-optim")] = False,
+    no_load_rng: Annotated[bool, typer.Option("--no-load-rng")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="print the rule table applied")] = False,
+    output: OutputOpt = Output.TEXT,
+    debug: DebugOpt = False,
+) -> None:
+    """Predict what a resume with that topology and those flags restores, drops, or fails on."""
+
+    def body() -> int:
+        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.formats import read_checkpoint
+        from ckptinspect.resume import ResumeTarget, Verdict, predict_resume
+
+        _only(output, (Output.TEXT, Output.JSON))
+        ckpt_path, label = resolve_checkpoint(path, str(path))
+        target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+                              vocab_size=vocab_size, finetune=finetune, no_load_optim=no_load_optim,
+                              no_load_rng=no_load_rng)
+        pred = predict_resume(read_checkpoint(ckpt_path, label), target)
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import dumps, envelope
+
+            emit_raw(dumps(envelope("resume", pred.to_dict())))
+        else:
+            from ckptinspect.render.resume_text import render_resume
+
+            emit_text(render_resume(pred, explain))
+        return 1 if pred.verdict is Verdict.FAILS else EXIT_OK
+
+    guarded(debug, body)
+
+
 def _parse_shard(shard: str | None) -> tuple[int, int] | None:
     if shard is None:
         return None
