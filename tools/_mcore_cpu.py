@@ -26,7 +26,11 @@ Patched (see install_cuda_shims / _patch_megatron_rng):
   * megatron.core.tensor_parallel.random._get_cuda_rng_state /
     _set_cuda_rng_state (they index torch.cuda.default_generators,
     which is empty without CUDA)                               -> the private CPU generator
-Nothing in megatron.core.dist_checkpointing or torch.distributed.checkpoint is patched.
+Outside CUDA, one determinism tweak (format unchanged):
+  * torch.distributed.checkpoint.filesystem._generate_uuid     -> seeded uuid4 values, so the
+    save_id/load_id recorded in ``.metadata`` (StorageMeta) are reproducible and regenerating
+    sample_ckpts/ gives byte-identical files.
+Nothing else in megatron.core.dist_checkpointing or torch.distributed.checkpoint is patched.
 """
 
 from __future__ import annotations
@@ -213,6 +217,16 @@ def _patch_megatron_rng() -> None:
     mrandom._set_cuda_rng_state = _set
 
 
+def _seed_dcp_uuids(seed: int, rank: int) -> None:
+    import random
+    import uuid
+
+    from torch.distributed.checkpoint import filesystem
+
+    rng = random.Random(seed * 1_000_003 + rank)
+    filesystem._generate_uuid = lambda: str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
 def _quiet() -> None:
     import logging
 
@@ -262,6 +276,7 @@ def worker_entry(rank: int, cfg: dict) -> None:
 
         torch.set_num_threads(1)
         install_cuda_shims()
+        _seed_dcp_uuids(cfg["seed"], rank)
         _init_dist(rank, cfg["world"], cfg["port"])
         if cfg["format"] == "dcp":
             _run_dcp(rank, cfg)
@@ -504,7 +519,6 @@ def _run_megatron(rank: int, cfg: dict) -> None:
     it = data_iter()
     save_root = c["out_dir"]
     rsm = get_rerun_state_machine()
-    last_done = 0
     flops_per_iter = 6.0 * gbs * seq * (12 * c["layers"] * c["hidden"] ** 2)
 
     for iteration in range(1, max(c["iterations"]) + 1):
@@ -529,6 +543,10 @@ def _run_megatron(rank: int, cfg: dict) -> None:
             continue
         half = c["half_written"] if iteration == max(c["iterations"]) else "none"
         ckpt_dir = os.path.join(save_root, f"iter_{iteration:07d}")
+        if c.get("mode") == "verify":
+            if half == "none":
+                _verify_load(c, model, optimizer, ckpt_dir, dist_checkpointing, parallel_state)
+            continue
         args = _build_args(c, iteration)
         if rank == 0:
             os.makedirs(ckpt_dir, exist_ok=True)
@@ -550,13 +568,10 @@ def _run_megatron(rank: int, cfg: dict) -> None:
         else:
             _save_legacy(c, model, optimizer, common, rng, ckpt_dir, parallel_state)
         dist.barrier()
-        if half == "none":
-            last_done = iteration
-            if rank == 0:
-                _write_tracker(save_root, iteration)
+        if half == "none" and rank == 0:
+            _write_tracker(save_root, iteration)  # last, after every rank is done
         dist.barrier()
     parallel_state.destroy_model_parallel()
-    del last_done
 
 
 def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist_checkpointing,
@@ -630,6 +645,78 @@ def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist
     dist.barrier()
 
 
+def _verify_load(c, model, optimizer, ckpt_dir, dist_checkpointing, parallel_state):
+    """Load ``ckpt_dir`` back with Megatron's own loaders into a model/optimizer that has
+    been re-trained to the same iteration (training is deterministic), after scrambling the
+    live state, and require bit-identical params and Adam moments."""
+    import torch
+
+    inner = optimizer.optimizer
+
+    def snapshot():
+        m = {k: v.detach().clone() for k, v in model.module.state_dict().items()
+             if isinstance(v, torch.Tensor)}
+        o = [{k: t.detach().clone() for k, t in inner.state[p].items()
+              if isinstance(t, torch.Tensor) and t.dim() > 0}
+             for g in inner.param_groups for p in g["params"]]
+        mp = [p.detach().clone() for g in inner.param_groups for p in g["params"]]
+        return m, o, mp
+
+    before = snapshot()
+    with torch.no_grad():  # scramble: the load must restore everything
+        for p in model.parameters():
+            p.add_(1.0)
+        for st in inner.state.values():
+            for t in st.values():
+                if isinstance(t, torch.Tensor) and t.dim() > 0:
+                    t.mul_(0.5).add_(3.0)
+    if c["format"] == "torch_dist":
+        metadata = dist_checkpointing.load_content_metadata(ckpt_dir)
+        model_sd = model.module.sharded_state_dict(metadata=metadata)
+        sd = {
+            "model": model_sd,
+            "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True,
+                                                      metadata=metadata),
+        }
+        loaded = dist_checkpointing.load(sd, ckpt_dir)
+        # no_grad: with fp32 params DistOpt's main params are views of the (requires_grad)
+        # model params, and its in-place copy_ would be rejected by autograd otherwise.
+        with torch.no_grad():
+            model.module.load_state_dict(loaded["model"])
+            optimizer.load_state_dict(loaded["optimizer"])
+    else:
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        sub = f"mp_rank_{tp_rank:02d}" if c["pp"] == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+        d = os.path.join(ckpt_dir, sub)
+        sd = torch.load(os.path.join(d, "model_optim_rng.pt"), weights_only=False)
+        with torch.no_grad():
+            model.module.load_state_dict(sd["model"])
+            optimizer.load_state_dict(sd["optimizer"])
+            optimizer.load_parameter_state(os.path.join(d, "distrib_optim.pt"))
+    # Megatron 0.16.1 without apex/TE (torch AdamW) puts ONE shared 'step' tensor into every
+    # param's state on load (distrib_optimizer.py load_state_dict), which torch's AdamW then
+    # increments once per param -> wrong bias correction on the next step.  Un-share it so
+    # training can continue from the loaded state (does not affect what is compared here).
+    for st in inner.state.values():
+        if isinstance(st.get("step"), torch.Tensor):
+            st["step"] = st["step"].clone()
+    after = snapshot()
+    bad = [k for k in before[0] if not torch.equal(before[0][k], after[0][k])]
+    bad += [f"optim state {i}.{k}" for i, (a, b) in enumerate(zip(before[1], after[1]))
+            for k in a if not torch.equal(a[k], b[k])]
+    bad += [f"main param {i}" for i, (a, b) in enumerate(zip(before[2], after[2]))
+            if not torch.equal(a, b)]
+    if not any(t.abs().sum() > 0 for st in before[1] for t in st.values()):
+        bad.append("Adam moments are all zero")
+    if bad:
+        raise AssertionError(f"verify {ckpt_dir}: mismatch after load: {bad[:10]}")
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        print(f"[verify] {ckpt_dir}: Megatron load restored params and Adam state exactly",
+              flush=True)
+
+
 def _save_legacy(c, model, optimizer, common, rng, ckpt_dir, parallel_state):
     import torch
 
@@ -657,84 +744,101 @@ def _save_legacy(c, model, optimizer, common, rng, ckpt_dir, parallel_state):
 
 
 def _run_dcp(rank: int, cfg: dict) -> None:
+    """torchtitan-style save: FSDP2-like DTensor params on a CPU device mesh, real
+    ``torch.distributed.checkpoint.save`` with the default FileSystemWriter."""
     import io
 
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     world = cfg["world"]
     torch.manual_seed(cfg["seed"])
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    if cfg["dcp_mesh"] == "2d":
+        assert world % 2 == 0 and world >= 4, "2-D mesh needs an even world size >= 4"
+        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp_shard", "tp"))
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+
+    def placements(t):
+        if mesh.ndim == 1:
+            return [Shard(0)]
+        # 2-D: matrices sharded on both mesh dims, vectors replicated over "tp"
+        return [Shard(0), Shard(1)] if t.dim() == 2 else [Shard(0), Replicate()]
+
     h, v = cfg["hidden"], cfg["vocab_size"]
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention_norm = torch.nn.LayerNorm(h)
+            self.wqkv = torch.nn.Linear(h, 3 * h, bias=False)
+            self.wo = torch.nn.Linear(h, h, bias=False)
+            self.ffn_norm = torch.nn.LayerNorm(h)
+            self.w1 = torch.nn.Linear(h, 4 * h, bias=False)
+            self.w2 = torch.nn.Linear(4 * h, h, bias=False)
+
+        def forward(self, x):
+            q, k, vv = self.wqkv(self.attention_norm(x)).chunk(3, dim=-1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / h**0.5, dim=-1) @ vv
+            x = x + self.wo(a)
+            return x + self.w2(torch.nn.functional.gelu(self.w1(self.ffn_norm(x))))
 
     class Tiny(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.tok_embeddings = torch.nn.Embedding(v, h)
-            self.layers = torch.nn.ModuleDict(
-                {
-                    str(i): torch.nn.ModuleDict(
-                        {
-                            "attention_norm": torch.nn.LayerNorm(h),
-                            "wqkv": torch.nn.Linear(h, 3 * h, bias=False),
-                            "wo": torch.nn.Linear(h, h, bias=False),
-                            "ffn_norm": torch.nn.LayerNorm(h),
-                            "w1": torch.nn.Linear(h, 4 * h, bias=False),
-                            "w2": torch.nn.Linear(4 * h, h, bias=False),
-                        }
-                    )
-                    for i in range(cfg["layers"])
-                }
-            )
+            self.layers = torch.nn.ModuleDict({str(i): Block() for i in range(cfg["layers"])})
             self.norm = torch.nn.LayerNorm(h)
             self.output = torch.nn.Linear(h, v, bias=False)
 
         def forward(self, x):
             x = self.tok_embeddings(x)
             for blk in self.layers.values():
-                y = blk["attention_norm"](x)
-                x = x + blk["wo"](blk["wqkv"](y)[..., :h])
-                x = x + blk["w2"](torch.nn.functional.gelu(blk["w1"](blk["ffn_norm"](x))))
+                x = blk(x)
             return self.output(self.norm(x))
 
     model = Tiny()
-    # FSDP2-style: every parameter sharded on dim 0 over the mesh (torchtitan dp_shard).
     for mod in model.modules():
         for name, p in list(mod.named_parameters(recurse=False)):
-            dt = distribute_tensor(p.data, mesh, [Shard(0)])
+            dt = distribute_tensor(p.data, mesh, placements(p.data))
             mod.register_parameter(name, torch.nn.Parameter(dt))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
-    gen = torch.Generator().manual_seed(cfg["seed"] + rank)
+    gen = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)
     step = cfg["dcp_step"]
-    from torch.distributed.tensor import DTensor
 
-    for _ in range(1):
-        toks = torch.randint(0, v, (2, cfg["seq_length"]), generator=gen)
-        # Plain forward on the full (replicated) params; grads come back sharded.
-        full = {n: p.full_tensor() for n, p in model.named_parameters()}
-        out = torch.func.functional_call(model, {n: t.requires_grad_(True) for n, t in full.items()}, (toks,))
-        loss = out.float().logsumexp(-1).mean()
-        grads = torch.autograd.grad(loss, list(full.values()))
-        for (n, p), g in zip(model.named_parameters(), grads):
-            dist.all_reduce(g)
-            g = g / world
-            p.grad = distribute_tensor(g, mesh, [Shard(0)])
-        opt.step()
-        opt.zero_grad()
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    # One step: forward on the gathered params, average grads, shard them like the params.
+    names = [n for n, _ in model.named_parameters()]
+    full = {n: p.full_tensor().requires_grad_(True) for n, p in model.named_parameters()}
+    toks = torch.randint(0, v, (2, cfg["seq_length"] + 1), generator=gen)
+    logits = torch.func.functional_call(model, full, (toks[:, :-1],))
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, v), toks[:, 1:].reshape(-1))
+    grads = torch.autograd.grad(loss, [full[n] for n in names])
+    for (n, p), g in zip(model.named_parameters(), grads):
+        g = g.contiguous()
+        dist.all_reduce(g)
+        p.grad = distribute_tensor(g / world, mesh, list(p.placements))
+    opt.step()
+    opt.zero_grad()
 
     model_sd, optim_sd = get_state_dict(model, opt)
     assert all(isinstance(t, DTensor) for t in model_sd.values())
-    buf = io.BytesIO()
-    torch.save({"step": step, "ntokens_seen": step * 2 * cfg["seq_length"] * world}, buf)
+    log_steps = io.BytesIO()
+    torch.save([1, step], log_steps)
+    tokens = step * 2 * cfg["seq_length"] * world
     state = {
         "model": model_sd,
         "optimizer": optim_sd,
-        "train_state": buf,
-        "lr_scheduler": {"last_epoch": step, "base_lrs": [cfg["lr"]]},
+        "lr_scheduler": {"last_epoch": step, "base_lrs": [cfg["lr"]], "_step_count": step + 1},
+        # torchtitan TrainState.state_dict(): tensors + a BytesIO blob
+        "train_state": {
+            "step": torch.tensor(step, dtype=torch.int32),
+            "ntokens_seen": torch.tensor(tokens, dtype=torch.int64),
+            "log_steps": log_steps,
+        },
     }
     ckpt_dir = os.path.join(cfg["out_dir"], f"step-{step}")
     dcp.save(state, checkpoint_id=ckpt_dir)

@@ -13,7 +13,8 @@ Python API (importable by path; importing is cheap, torch/megatron load only in 
                     heads=4, vocab_size=100, make_vocab_size_divisible_by=64,
                     optim_sharding="dp_reshardable", iterations=(1,), half_written="none",
                     seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,
-                    lr=1e-3, train_iters=10, dcp_step=10, timeout=600) -> str
+                    lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d",
+                    timeout=600) -> str
 
 One process per rank (torch.multiprocessing spawn, gloo, 127.0.0.1, a free port).  The
 world size is tp*pp*dp for torch_dist/legacy and dp for dcp.  The actual checkpoint writing
@@ -49,6 +50,51 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: in
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
+DEFAULTS = dict(
+    format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4, vocab_size=100,
+    make_vocab_size_divisible_by=64, optim_sharding="dp_reshardable", iterations=(1,),
+    half_written="none", seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,
+    lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d",
+)
+
+
+def _config(out_dir: str, **config) -> dict:
+    unknown = set(config) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown checkpoint option(s): {sorted(unknown)}")
+    c = {**DEFAULTS, **config}
+    if c["format"] not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {c['format']!r}")
+    if c["optim_sharding"] not in OPTIM_SHARDINGS:
+        raise ValueError(f"optim_sharding must be one of {OPTIM_SHARDINGS}")
+    if c["half_written"] not in HALF_WRITTEN:
+        raise ValueError(f"half_written must be one of {HALF_WRITTEN}")
+    if c["half_written"] != "none" and c["format"] != "torch_dist":
+        raise ValueError("half_written is only supported for format='torch_dist'")
+    if c["dcp_mesh"] not in ("1d", "2d"):
+        raise ValueError("dcp_mesh must be '1d' or '2d'")
+    c["iterations"] = sorted({int(i) for i in c["iterations"]})
+    if not c["iterations"] or c["iterations"][0] < 1:
+        raise ValueError("iterations must be positive integers")
+    tp, pp, dp = c["tp"], c["pp"], c["dp"]
+    if min(tp, pp, dp) < 1:
+        raise ValueError("tp, pp and dp must be >= 1")
+    if c["hidden"] % c["heads"] or c["heads"] % tp or (4 * c["hidden"]) % tp:
+        raise ValueError("hidden must be divisible by heads, heads and 4*hidden by tp")
+    if c["format"] != "dcp" and c["layers"] % pp:
+        raise ValueError("layers must be divisible by pp")
+    if c["format"] == "dcp" and c["dcp_mesh"] == "2d" and (dp < 4 or dp % 2):
+        raise ValueError("dcp_mesh='2d' needs an even dp >= 4")
+    c["world"] = dp if c["format"] == "dcp" else tp * pp * dp
+    c["padded_vocab_size"] = padded_vocab_size(
+        c["vocab_size"], c["make_vocab_size_divisible_by"], tp)
+    c["train_iters"] = max(c["train_iters"], c["iterations"][-1])
+    c["out_dir"] = c["save_arg"] = out_dir  # args.save / args.load record it as given
+    c["port"] = _free_port()
+    c["mode"] = "save"
+    return c
+
+
 def make_checkpoint(
     out_dir,
     format: str = "torch_dist",  # noqa: A002 - mirrors the CLI flag
@@ -70,6 +116,7 @@ def make_checkpoint(
     lr: float = 1e-3,
     train_iters: int = 10,
     dcp_step: int = 10,
+    dcp_mesh: str = "1d",
     timeout: float = 600.0,
 ) -> str:
     """Write one save dir at ``out_dir`` and return its path.
@@ -77,41 +124,36 @@ def make_checkpoint(
     torch_dist/legacy: ``out_dir/iter_%07d/...`` for every iteration in ``iterations`` (one
     optimizer step per iteration number, saves at the listed ones) and the tracker
     ``latest_checkpointed_iteration.txt`` naming the last *complete* one.  ``half_written``
-    applies to the last listed iteration only (torch_dist only).
-    dcp: ``out_dir/step-<dcp_step>/`` (no tracker, no metadata.json).
-    Raises RuntimeError if any rank fails or the run exceeds ``timeout`` seconds.
+    applies to the last listed iteration only (torch_dist only).  World size = tp*pp*dp.
+    dcp: ``out_dir/step-<dcp_step>/`` (no tracker, no metadata.json); world size = dp,
+    DTensors on a 1-D ("dp_shard") or 2-D ("dp_shard", "tp") CPU mesh (``dcp_mesh``).
+    Raises ValueError for a bad config, RuntimeError if any rank fails or the run exceeds
+    ``timeout`` seconds (all workers are terminated).
     """
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    if optim_sharding not in OPTIM_SHARDINGS:
-        raise ValueError(f"optim_sharding must be one of {OPTIM_SHARDINGS}")
-    if half_written not in HALF_WRITTEN:
-        raise ValueError(f"half_written must be one of {HALF_WRITTEN}")
-    if half_written != "none" and format != "torch_dist":
-        raise ValueError("half_written is only supported for format='torch_dist'")
-    iterations = sorted({int(i) for i in iterations})
-    if not iterations or iterations[0] < 1:
-        raise ValueError("iterations must be positive integers")
-    if hidden % heads or heads % tp or (4 * hidden) % tp:
-        raise ValueError("hidden must be divisible by heads, heads and 4*hidden by tp")
-    if format != "dcp" and layers % pp:
-        raise ValueError("layers must be divisible by pp")
-
     out_dir = os.fspath(out_dir)
+    cfg = _config(out_dir, format=format, tp=tp, pp=pp, dp=dp, layers=layers, hidden=hidden,
+                  heads=heads, vocab_size=vocab_size,
+                  make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+                  optim_sharding=optim_sharding, iterations=iterations,
+                  half_written=half_written, seed=seed, seq_length=seq_length,
+                  micro_batch_size=micro_batch_size, num_microbatches=num_microbatches, lr=lr,
+                  train_iters=train_iters, dcp_step=dcp_step, dcp_mesh=dcp_mesh)
     os.makedirs(out_dir, exist_ok=True)
-    world = dp if format == "dcp" else tp * pp * dp
-    cfg = dict(
-        format=format, tp=tp, pp=pp, dp=dp, world=world, layers=layers, hidden=hidden,
-        heads=heads, vocab_size=vocab_size,
-        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-        padded_vocab_size=padded_vocab_size(vocab_size, make_vocab_size_divisible_by, tp),
-        optim_sharding=optim_sharding, iterations=iterations, half_written=half_written,
-        seed=seed, seq_length=seq_length, micro_batch_size=micro_batch_size,
-        num_microbatches=num_microbatches, lr=lr, train_iters=max(train_iters, iterations[-1]),
-        dcp_step=dcp_step, out_dir=out_dir, save_arg=out_dir, port=_free_port(),
-    )
-    _spawn(cfg, world, timeout)
+    _spawn(cfg, cfg["world"], timeout)
     return out_dir
+
+
+def verify_checkpoint(out_dir, timeout: float = 600.0, **config) -> None:
+    """Re-run the same seeded training in fresh workers and load every complete iteration of
+    ``out_dir`` (written by make_checkpoint with the same ``config``) with Megatron's own
+    loaders (dist_checkpointing.load / torch.load + load_parameter_state); raise
+    RuntimeError unless params and Adam moments come back bit-identical.  torch_dist/legacy.
+    """
+    cfg = _config(os.fspath(out_dir), **config)
+    if cfg["format"] == "dcp":
+        raise ValueError("verify_checkpoint supports torch_dist and legacy only")
+    cfg["mode"] = "verify"
+    _spawn(cfg, cfg["world"], timeout)
 
 
 def _spawn(cfg: dict, nprocs: int, timeout: float) -> None:
@@ -173,28 +215,36 @@ SAMPLES = {
                    vocab_size=100, make_vocab_size_divisible_by=64,
                    optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
     "dcp": dict(format="dcp", dp=4, layers=2, hidden=16, heads=4, vocab_size=128, seed=1234,
-                dcp_step=10),
+                dcp_step=10, dcp_mesh="2d"),
 }
 
 
-def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True) -> dict:
+def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True,
+                  verify: bool = False) -> dict:
     """Rebuild the sample save dirs under ``root`` (relative to the repo root) from nothing.
 
-    Returns {name: seconds}.  README.md in ``root`` is left untouched.
+    Returns {name: seconds}.  README.md in ``root`` is left untouched.  ``verify``: also
+    round-trip the torch_dist/legacy samples through Megatron's loaders (verify_checkpoint).
     """
+    prev_cwd = os.getcwd()
     os.chdir(_REPO_ROOT)  # recorded paths (args.save, .metadata checkpoint_id) stay relative
     timings = {}
-    for name, kw in SAMPLES.items():
-        if only and name not in only:
-            continue
-        d = os.path.join(root, name)
-        if os.path.isdir(d):
-            shutil.rmtree(d)
-        t0 = time.monotonic()
-        make_checkpoint(d, **kw)
-        timings[name] = time.monotonic() - t0
-        if verbose:
-            print(f"[make_sample_ckpts] {d}: {timings[name]:.1f}s", flush=True)
+    try:
+        for name, kw in SAMPLES.items():
+            if only and name not in only:
+                continue
+            d = os.path.join(root, name)
+            if os.path.isdir(d):
+                shutil.rmtree(d)
+            t0 = time.monotonic()
+            make_checkpoint(d, **kw)
+            timings[name] = time.monotonic() - t0
+            if verbose:
+                print(f"[make_sample_ckpts] {d}: {timings[name]:.1f}s", flush=True)
+            if verify and kw["format"] != "dcp":
+                verify_checkpoint(d, **kw)
+    finally:
+        os.chdir(prev_cwd)
     return timings
 
 
@@ -219,7 +269,11 @@ def _parse(argv=None):
     p.add_argument("--seq-length", type=int, default=16)
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--dcp-step", type=int, default=10)
+    p.add_argument("--dcp-mesh", default="1d", choices=("1d", "2d"))
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--verify", action="store_true",
+                   help="afterwards, load the written torch_dist/legacy iterations back with "
+                        "Megatron's loaders in fresh workers and require an exact round trip")
     return p.parse_args(argv)
 
 
@@ -227,18 +281,21 @@ def main(argv=None) -> int:
     a = _parse(argv)
     try:
         if a.out is None:
-            build_samples(only=a.only)
+            build_samples(only=a.only, verify=a.verify)
         else:
-            t0 = time.monotonic()
-            make_checkpoint(
-                a.out, format=a.format, tp=a.tp, pp=a.pp, dp=a.dp, layers=a.layers,
+            kw = dict(
+                format=a.format, tp=a.tp, pp=a.pp, dp=a.dp, layers=a.layers,
                 hidden=a.hidden, heads=a.heads, vocab_size=a.vocab_size,
                 make_vocab_size_divisible_by=a.make_vocab_size_divisible_by,
                 optim_sharding=a.optim_sharding, iterations=a.iterations,
                 half_written=a.half_written, seed=a.seed, seq_length=a.seq_length,
-                micro_batch_size=a.micro_batch_size, dcp_step=a.dcp_step, timeout=a.timeout,
+                micro_batch_size=a.micro_batch_size, dcp_step=a.dcp_step, dcp_mesh=a.dcp_mesh,
             )
+            t0 = time.monotonic()
+            make_checkpoint(a.out, timeout=a.timeout, **kw)
             print(f"[make_sample_ckpts] {a.out}: {time.monotonic() - t0:.1f}s", flush=True)
+            if a.verify and a.format != "dcp":
+                verify_checkpoint(a.out, timeout=a.timeout, **kw)
     except (RuntimeError, ValueError) as e:
         print(f"make_sample_ckpts: error: {e}", file=sys.stderr)
         return 1
