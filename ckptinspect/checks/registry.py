@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckptinspect.checks import Check, args, coverage, integrity, legacy, objects, storage
+from ckptinspect.checks import Check, args, coverage, integrity, legacy, objects, safety, storage
 
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("storage", storage.run),
@@ -11,4 +11,5 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("legacy", legacy.run),
     ("args", args.run),
     ("integrity", integrity.run),
+    ("safety", safety.run),
 )
