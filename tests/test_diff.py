@@ -36,6 +36,7 @@ from ckptinspect.errors import UsageError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats._files import read_item_archive
 from ckptinspect.model import Checkpoint, Tensor
+from ckptinspect import values
 from ckptinspect.render.diff_text import render_diff
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,6 +194,21 @@ def test_values_every_dtype(tmp_path: Path) -> None:
     assert got["f8"].max_abs_diff is None  # float8 compared bit for bit
     assert got["s"].first_mismatch == () and got["s"].max_abs_diff == 4.0
     assert json.loads(json.dumps(r.to_dict()))["values"]["identical"] == 2
+
+
+def test_values_strided_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DCP keeps a transposed tensor's strides (`data.pkl` stride (1, 4)): the bytes are read through them."""
+    torch = pytest.importorskip("torch")
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    y = x.clone()
+    y[2, 1] = 100.0  # element (1, 2) of the transpose
+    monkeypatch.setattr(values, "SLAB_ELEMENTS", 5)  # several slabs per chunk
+    a = save_dcp(tmp_path / "a", {"t": x.t(), "u": x.t()})
+    b = save_dcp(tmp_path / "b", {"t": x.t().contiguous(), "u": y.t().contiguous()})
+    r = diff_paths(a, b, values=True)
+    assert r.values is not None and r.values.identical == ("t",)
+    (c,) = r.tensors.changed
+    assert (c.key, c.first_mismatch, c.a, c.b, c.max_abs_diff) == ("u", (1, 2), 9.0, 100.0, 91.0)
 
 
 def test_keys_shapes_dtypes_block(tmp_path: Path) -> None:
