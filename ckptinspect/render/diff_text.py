@@ -24,11 +24,11 @@ def render_diff(r: DiffResult, max_rows: int = 200) -> RenderableType:
         parts.append(_args_table("args", rest, max_rows))
     if r.meta:
         parts.append(_args_table("checkpoint", list(r.meta), max_rows))
-    if r.tensors.comparable and (r.tensors.only_in_a or r.tensors.only_in_b or r.tensors.changed):
-        parts.append(_keys_table(f"tensors ({r.tensors.common} in common)", r.tensors, max_rows, blocking=True))
+    if any(not c.blocking for c in r.tensors.changed):  # the blocking ones are in the table above
+        parts.append(_keys_table(f"tensors ({r.tensors.common} in common)", r.tensors, max_rows, only_minor=True))
     if not r.objects.empty:
-        parts.append(_keys_table(f"objects ({r.objects.common} families in common)", r.objects, max_rows,
-                                 blocking=False))
+        parts.append(_keys_table(f"objects ({r.objects.common} families in common, never blocking)", r.objects,
+                                 max_rows, only_minor=False))
     if r.values is not None:
         v = r.values
         line = (f"values: {len(v.compared)} tensor(s) compared ({v.elements_compared} elements), "
@@ -94,15 +94,18 @@ def _args_table(title: str, rows: Sequence[ArgDiff], max_rows: int) -> Renderabl
     return t
 
 
-def _keys_table(title: str, k: KeyDiff, max_rows: int, blocking: bool) -> RenderableType:
+def _keys_table(title: str, k: KeyDiff, max_rows: int, only_minor: bool) -> RenderableType:
+    """Keys on one side only and changed keys; with `only_minor`, just the non-blocking changes."""
     t = Table(title=title)
     for col in ("change", "key", "A", "B", "detail"):
         t.add_column(col, overflow="fold")
     rows: list[tuple[RenderableType, ...]] = []
-    style = "red" if blocking else "yellow"
-    rows += [(Text("only in A", style=style), key, "present", "-", "") for key in k.only_in_a]
-    rows += [(Text("only in B", style=style), key, "-", "present", "") for key in k.only_in_b]
+    if not only_minor:
+        rows += [(Text("only in A", style="yellow"), key, "present", "-", "") for key in k.only_in_a]
+        rows += [(Text("only in B", style="yellow"), key, "-", "present", "") for key in k.only_in_b]
     for c in k.changed:
+        if only_minor and c.blocking:
+            continue
         label = Text(c.what.value, style="red" if c.blocking else "yellow" if c.what is not What.VALUES else "cyan")
         rows.append((label, c.key, _fmt(c.a), _fmt(c.b), _detail(c)))
     for row in rows[:max_rows]:
@@ -127,7 +130,7 @@ def _fmt(v: Any, missing: bool = False) -> str:
     if isinstance(v, list) and all(isinstance(x, int) for x in v):
         return "×".join(map(str, v)) or "()"
     if isinstance(v, float):
-        return str(v) if len(str(v)) <= 10 else f"{v:.6g}"
+        return f"{v:.1f}" if v.is_integer() and abs(v) < 1e15 else f"{v:.6g}"
     return "-" if v is None else str(v)
 
 
