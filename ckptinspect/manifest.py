@@ -74,6 +74,7 @@ class ManifestReport:
     manifest_sha256: digest of the manifest's bytes, so shard reports can prove they verified the same manifest.
     files: per-entry results in manifest order.
     shard: ``(K, N)`` when only shard K of N was verified, None for a full run.
+    path: the checkpoint as the user named it (the findings' `path`).
     """
 
     status: Status
@@ -84,6 +85,7 @@ class ManifestReport:
     files: tuple[FileResult, ...] = ()
     shard: tuple[int, int] | None = None
     manifest_sha256: str | None = None
+    path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The `manifest verify` JSON keys of CONTRACT.md plus extras (`manifest`, `shard`, `files`, ...)."""
@@ -92,6 +94,7 @@ class ManifestReport:
             "findings": [f.to_dict() for f in self.findings],
             "files_checked": self.files_checked,
             "bytes_hashed": self.bytes_hashed,
+            "path": self.path,
             "manifest": self.manifest_path,
             "manifest_sha256": self.manifest_sha256,
             "algorithm": ALGORITHM,
@@ -359,10 +362,10 @@ def verify_manifest(
     mpath = manifest if manifest is not None else ckpt_dir / MANIFEST_NAME
     if manifest is None and not os.path.lexists(mpath):
         info = _f("CK400", f"no integrity manifest ({MANIFEST_NAME}) in {label}", None, label)
-        return ManifestReport(Status.COMPLETE, (info,), 0, 0, None, (), shard, None)
+        return ManifestReport(Status.COMPLETE, (info,), 0, 0, None, (), shard, None, label)
     files, mdigest, findings = _load_manifest(mpath, label)
     if files is None:
-        return ManifestReport(status_of(findings), tuple(findings), 0, 0, str(mpath), (), shard, mdigest)
+        return ManifestReport(status_of(findings), tuple(findings), 0, 0, str(mpath), (), shard, mdigest, label)
     listed, malformed = _entries(files, label)
     findings += malformed
     mine = {n: d for n, d in listed.items() if shard is None or shard_of(n, shard[1]) == shard[0]}
@@ -403,7 +406,7 @@ def verify_manifest(
                            "over from an earlier save into the same dir", str(mpath), label))
     ordered = tuple(results[n] for n in mine)
     return ManifestReport(status_of(findings), tuple(findings), len(mine), sum(h.size for h in hashed.values()),
-                          str(mpath), ordered, shard, mdigest)
+                          str(mpath), ordered, shard, mdigest, label)
 
 
 def sizes_from_report(report: Mapping[str, Any]) -> dict[str, int]:
@@ -448,8 +451,12 @@ def merge_reports(reports: Sequence[Mapping[str, Any]]) -> ManifestReport:
     counts: set[int] = set()
     manifests: set[tuple[Any, Any]] = set()
 
+    labels = {r.get("path") for r in reports if isinstance(r, Mapping)}
+    label = labels.pop() if len(labels) == 1 else None
+    where = label if isinstance(label, str) else None
+
     def problem(message: str, **details: Any) -> None:
-        findings.append(Finding("CK404", message, None, None, details))
+        findings.append(Finding("CK404", message, None, where, details))
 
     for i, rep in enumerate(reports):
         fc, bh = (rep.get("files_checked"), rep.get("bytes_hashed")) if isinstance(rep, Mapping) else (None, None)
@@ -493,7 +500,7 @@ def merge_reports(reports: Sequence[Mapping[str, Any]]) -> ManifestReport:
     mdigest = digests.pop() if len(digests) == 1 else None
     return ManifestReport(status_of(findings), tuple(findings), checked, hashed,
                           mpath if isinstance(mpath, str) else None, tuple(files), None,
-                          mdigest if isinstance(mdigest, str) else None)
+                          mdigest if isinstance(mdigest, str) else None, where)
 
 
 # --- writing ---------------------------------------------------------------------------------------------------------

@@ -408,6 +408,7 @@ def test_merge_reports_missing_duplicate_and_inconsistent_shards(tmp_path: Path)
     assert merge_reports(parts).status is Status.COMPLETE
     missing = merge_reports(parts[:2])
     assert codes(missing) == ["CK404"] and missing.findings[0].details["shard"] == [2, 3]
+    assert missing.findings[0].path == missing.path == str(FIXTURE)
     assert missing.status is Status.CORRUPT
     assert codes(merge_reports(parts + parts[:1])) == ["CK404"]
     four = verify_manifest(FIXTURE, shard=(3, 4)).to_dict()
