@@ -18,13 +18,16 @@ def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[F
         if save.style == "megatron":
             yield Finding("CK501", f"no {TRACKER}: a resume picks nothing unless told (--ckpt-step)", TRACKER, label)
         return
+    tracked = None
     if tracker.error is not None:
         yield Finding("CK502", f"{TRACKER} is unparseable ({tracker.error}); Megatron exits with 'Invalid metadata"
                       " file'", TRACKER, label, {"raw": tracker.raw})
-        return
-    tracked = save.find(tracker.iteration)
+    else:
+        tracked = save.find(tracker.iteration)
     name = "release" if tracker.iteration == "release" else f"iter_{int(tracker.iteration or 0):07d}"
-    if tracked is None:
+    if tracker.error is not None:
+        pass  # leftovers are still worth naming below
+    elif tracked is None:
         yield Finding("CK503", f"{TRACKER} names {name}, which does not exist", name, label,
                       {"iteration": tracker.iteration})
     elif statuses.get(tracked.name) is Status.INCOMPLETE:

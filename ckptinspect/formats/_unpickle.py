@@ -33,7 +33,7 @@ from ckptinspect.model import dtype_size, numel
 # Resource bounds. A pickle that exceeds them is reported (CK603), never followed to an out-of-memory kill.
 MAX_PICKLE_BYTES = 4 << 30  # a 1M-chunk `.metadata` is ~300 MB
 MAX_ARCHIVE_PICKLE_BYTES = 1 << 30  # `data.pkl` inside a torch archive
-MAX_NESTING = 500  # depth `to_plain` follows
+MAX_NESTING = 200  # depth `to_plain` follows (two Python frames per level: stay far below the recursion limit)
 
 
 class DType(str):
@@ -495,7 +495,15 @@ class OpaqueValue:
         return f"<{self.qualname}>" if not self.summary else f"<{self.qualname} {self.summary}>"
 
 
-def to_plain(obj: Any, depth: int = 0) -> Any:
+def to_plain(obj: Any) -> Any:
+    """`_to_plain` with Python's own recursion limit also reported as a resource bound (CK603)."""
+    try:
+        return _to_plain(obj, 0)
+    except RecursionError as e:
+        raise LimitExceeded("object nesting exceeds the interpreter's recursion limit", "CK603") from e
+
+
+def _to_plain(obj: Any, depth: int = 0) -> Any:
     """Convert unpickled stand-ins into plain data: dicts, lists, tuples, scalars, `TensorRef`, `OpaqueValue`.
 
     `argparse.Namespace` becomes a dict; a Megatron enum member becomes its value's string. Raises
@@ -512,17 +520,17 @@ def to_plain(obj: Any, depth: int = 0) -> Any:
     if isinstance(obj, bytearray):
         return bytes(obj)
     if isinstance(obj, dict):
-        return {_key(to_plain(k, depth + 1)): to_plain(v, depth + 1) for k, v in obj.items()}
+        return {_key(_to_plain(k, depth + 1)): _to_plain(v, depth + 1) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [to_plain(v, depth + 1) for v in obj]
+        return [_to_plain(v, depth + 1) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(to_plain(v, depth + 1) for v in obj)
+        return tuple(_to_plain(v, depth + 1) for v in obj)
     if isinstance(obj, (set, frozenset)):
-        return sorted((to_plain(v, depth + 1) for v in obj), key=repr)
+        return sorted((_to_plain(v, depth + 1) for v in obj), key=repr)
     if isinstance(obj, Obj):
         q = obj.qualname
         if q == "argparse.Namespace":
-            return {str(k): to_plain(v, depth + 1) for k, v in obj.__dict__.items() if not k.startswith("_")}
+            return {str(k): _to_plain(v, depth + 1) for k, v in obj.__dict__.items() if not k.startswith("_")}
         args = obj.__dict__.get("_args")
         if args is not None and len(args) == 1 and isinstance(args[0], (int, str, float)) and len(obj.__dict__) == 1:
             # Enum members pickle as `EnumClass(value)`.
@@ -541,15 +549,22 @@ def _key(k: Any) -> Any:
         return repr(k)
 
 
-def walk_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, TensorRef]]:
-    """Yield `(dotted.path, TensorRef)` for every tensor inside plain data (state dicts)."""
+def walk_tensors(obj: Any, prefix: str = "") -> list[tuple[str, TensorRef]]:
+    """`(dotted.path, TensorRef)` for every tensor inside plain data (state dicts); deep nesting is CK603."""
+    try:
+        return list(_walk_tensors(obj, prefix, 0))
+    except RecursionError as e:
+        raise LimitExceeded("object nesting exceeds the interpreter's recursion limit", "CK603") from e
+
+
+def _walk_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, TensorRef]]:
     if depth > MAX_NESTING:
         raise LimitExceeded(f"object nesting deeper than {MAX_NESTING}", "CK603")
     if isinstance(obj, TensorRef):
         yield prefix, obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            yield from walk_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+            yield from _walk_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            yield from walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
+            yield from _walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)

@@ -58,7 +58,8 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
 
     common, common_source, common_findings = _read_common(path, label, md)
     findings.extend(common_findings)
-    if common is None and md is not None and not any(f.code in ("CK601", "CK206") for f in common_findings):
+    if common is None and md is not None and not any(f.code in ("CK601", "CK206", "CK105", "CK603")
+                                                      for f in common_findings):
         findings.append(
             Finding(
                 "CK105",
@@ -110,6 +111,8 @@ def _read_common(
             findings.append(Finding(e.code, f"common.pt: {e}", COMMON_PT, label))
             return None, COMMON_PT, findings
         findings.extend(pickle_findings(archive.report, COMMON_PT, label))
+        if archive.report.dangerous:
+            return None, COMMON_PT, findings
         return _as_dict(archive.obj, findings, COMMON_PT, label), COMMON_PT, findings
     if md is None:
         return None, None, findings
@@ -128,6 +131,8 @@ def _read_common(
         )
         return None, COMMON_STATE_KEY, findings
     findings.extend(pickle_findings(archive.report, COMMON_STATE_KEY, label))
+    if archive.report.dangerous:
+        return None, COMMON_STATE_KEY, findings  # CK601 says it all; the stand-ins are no state dict
     obj = archive.obj
     # Megatron-Core ≥0.19 saves `torch.save([common_state_dict])` (strategies/torch.py:317-322).
     if isinstance(obj, list) and len(obj) == 1:
