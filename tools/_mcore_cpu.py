@@ -645,6 +645,33 @@ def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist
     dist.barrier()
 
 
+def _patch_distopt_step_for_torch_adam() -> None:
+    """Verify-only workaround: megatron-core 0.16.1 DistributedOptimizer.
+    _set_main_param_and_optimizer_states copies every key of the inner optimizer state,
+    but with torch's AdamW (no apex/TE, i.e. CPU) that state also has 'step', which the
+    fully_reshardable loader never provides -> KeyError('step').  Skip 'step' there (the
+    loaders set it from param_groups).  Saving never goes through this function."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    if getattr(DistributedOptimizer, "_ckptinspect_step_patch", False):
+        return
+    orig = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def patched(self, model_param, tensors):
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        state = self.optimizer.state[main_param]
+        step = state.pop("step") if ("step" in state and "step" not in tensors) else None
+        try:
+            orig(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = patched
+    DistributedOptimizer._ckptinspect_step_patch = True
+
+
 def _verify_load(c, model, optimizer, ckpt_dir, dist_checkpointing, parallel_state):
     """Load ``ckpt_dir`` back with Megatron's own loaders into a model/optimizer that has
     been re-trained to the same iteration (training is deterministic), after scrambling the
@@ -662,6 +689,7 @@ def _verify_load(c, model, optimizer, ckpt_dir, dist_checkpointing, parallel_sta
         mp = [p.detach().clone() for g in inner.param_groups for p in g["params"]]
         return m, o, mp
 
+    _patch_distopt_step_for_torch_adam()
     before = snapshot()
     with torch.no_grad():  # scramble: the load must restore everything
         for p in model.parameters():
