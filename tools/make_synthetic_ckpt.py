@@ -79,7 +79,7 @@ from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, Writ
 DCP_VERSION = "1.0.0"  # torch.distributed.checkpoint.filesystem.CURRENT_DCP_VERSION
 OPT_DTYPE_KEY = "(torch.float32, torch.float32)"
 OPT_STATES = ("param", "exp_avg", "exp_avg_sq")
-STRIDE_TOL = 0.05  # --chunks tolerance
+CHUNK_TOL = 0.05  # --chunks tolerance
 
 # ----------------------------------------------------------------------------------------
 # Model presets (Llama-style GPT with TE layer spec; softmax_type=learnable adds the small
@@ -412,7 +412,7 @@ def choose_spec(args: argparse.Namespace) -> tuple[Spec, int]:
                 return chunk_count(dataclasses.replace(base, dp=dp), sp)
 
             lo, hi = 1, MAX_DP
-            if f(lo) > N * (1 + STRIDE_TOL):
+            if f(lo) > N * (1 + CHUNK_TOL):
                 continue  # even DP=1 is too big: try a smaller preset
             while hi - lo > 1:  # smallest dp with f(dp) >= N (f is ~linear in dp)
                 mid = (lo + hi) // 2
@@ -424,7 +424,7 @@ def choose_spec(args: argparse.Namespace) -> tuple[Spec, int]:
             scored = sorted((abs(f(dp) - N), dp) for dp in cands)
             dp = scored[0][1]
             c = f(dp)
-            if abs(c - N) / N <= STRIDE_TOL:
+            if abs(c - N) / N <= CHUNK_TOL:
                 return dataclasses.replace(base, dp=dp), c
     # 2) Otherwise search the bucket size (for fixed --dp, or targets out of reach above).
     best: Optional[tuple[float, Spec, int]] = None  # (relative error, spec, count) fallback
@@ -448,7 +448,7 @@ def choose_spec(args: argparse.Namespace) -> tuple[Spec, int]:
                 s2 = dataclasses.replace(spec, bucket_size=bs)
                 if best is None or err < best[0]:
                     best = (err, s2, c)
-                if err <= STRIDE_TOL:
+                if err <= CHUNK_TOL:
                     score = abs(math.log((bs or 10**12) / megatron_default_bucket_size(dp)))
                     feasible.append((score, s2, c))
         if feasible:
@@ -457,7 +457,7 @@ def choose_spec(args: argparse.Namespace) -> tuple[Spec, int]:
             return spec, c
     assert best is not None
     err, spec, c = best
-    print(f"warning: cannot reach --chunks {N} within {STRIDE_TOL:.0%} with the fixed knobs; "
+    print(f"warning: cannot reach --chunks {N} within {CHUNK_TOL:.0%} with the fixed knobs; "
           f"closest is {c} chunks", file=sys.stderr)
     return spec, c
 
