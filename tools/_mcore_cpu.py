@@ -28,9 +28,16 @@ Patched (see install_cuda_shims / _patch_megatron_rng):
     which is empty without CUDA)                               -> the private CPU generator
 Outside CUDA, one determinism tweak (format unchanged):
   * torch.distributed.checkpoint.filesystem._generate_uuid     -> seeded uuid4 values, so the
-    save_id/load_id recorded in ``.metadata`` (StorageMeta) are reproducible and regenerating
-    sample_ckpts/ gives byte-identical files.
-Nothing else in megatron.core.dist_checkpointing or torch.distributed.checkpoint is patched.
+    save_id/load_id recorded in ``.metadata`` (StorageMeta) are reproducible (data files are
+    byte-identical across rebuilds; Megatron's .metadata may still differ in storage_data
+    order, which its writer gathers from 2 writer processes in completion order).
+Nothing else in megatron.core.dist_checkpointing or torch.distributed.checkpoint is patched;
+torch.cuda.is_available() stays False.
+
+Verify mode only (loading back, never on the save path):
+  * DistributedOptimizer._set_main_param_and_optimizer_states skips torch AdamW's 'step'
+    (0.16.1 KeyError with fully_reshardable on the non-apex/TE path), and the shared 'step'
+    tensor Megatron's load_state_dict puts into every param state is un-shared afterwards.
 """
 
 from __future__ import annotations
@@ -239,12 +246,6 @@ def _quiet() -> None:
 # --------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    """Megatron training's ``_vocab_size_with_padding``."""
-    multiple = divisible_by * tp
-    return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
 def _init_dist(rank: int, world: int, port: int) -> None:

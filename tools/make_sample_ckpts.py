@@ -15,6 +15,10 @@ Python API (importable by path; importing is cheap, torch/megatron load only in 
                     seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,
                     lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d",
                     timeout=600) -> str
+    verify_checkpoint(out_dir, timeout=600, **same_kwargs)   # Megatron load round trip
+    build_samples(root="sample_ckpts", only=None, verify=False) -> {name: seconds}
+    padded_vocab_size(vocab_size, make_vocab_size_divisible_by, tp) -> int
+    SAMPLES  # {name: make_checkpoint kwargs} of the committed samples
 
 One process per rank (torch.multiprocessing spawn, gloo, 127.0.0.1, a free port).  The
 world size is tp*pp*dp for torch_dist/legacy and dp for dcp.  The actual checkpoint writing
