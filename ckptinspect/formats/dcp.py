@@ -6,13 +6,15 @@ reader (`torch_dist.py`) builds on it and adds the Megatron common state.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
-from ckptinspect.formats._unpickle import PickleReport
+from ckptinspect.formats._unpickle import MAX_PICKLE_BYTES, PickleReport
 from ckptinspect.formats.dcp_metadata import DcpMetadata, read_dcp_metadata
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
 
@@ -35,18 +37,21 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
     md: DcpMetadata | None = None
     mpath = path / METADATA
     if mpath.exists() or mpath.is_symlink():
+        report = PickleReport()
         try:
-            data = mpath.read_bytes()
+            with open(mpath, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise ReadError(".metadata is not a regular file", "CK106")
+                if size > MAX_PICKLE_BYTES:
+                    raise ReadError(f".metadata of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
+                md = read_dcp_metadata(f, report)
         except OSError as e:
             findings.append(Finding("CK106", f".metadata unreadable: {e.strerror or e}", METADATA, label))
-        else:
-            report = PickleReport()
-            try:
-                md = read_dcp_metadata(data, report)
-            except ReadError as e:
-                findings.append(Finding(e.code, f".metadata: {e}", METADATA, label))
-            # Also after a failed parse: the pickle may have referenced dangerous globals before failing.
-            findings.extend(pickle_findings(report, METADATA, label))
+        except ReadError as e:
+            findings.append(Finding(e.code, f".metadata: {e}", METADATA, label))
+        # Also after a failed parse: the pickle may have referenced dangerous globals before failing.
+        findings.extend(pickle_findings(report, METADATA, label))
     return DcpDir(files, md, tuple(findings))
 
 

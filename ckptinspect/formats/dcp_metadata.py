@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from ckptinspect.errors import ReadError
-from ckptinspect.formats._unpickle import Obj, PickleReport, load_pickle
+from ckptinspect.formats._unpickle import Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 
 _SHARD_KEY = re.compile(r"^(?P<family>.*)/shard_(?P<offset>-?\d+(?:\.-?\d+)*)_(?P<shape>-?\d+(?:\.-?\d+)*)$")
@@ -67,43 +67,74 @@ def parse_shard_key(key: str) -> tuple[str, tuple[int, ...], tuple[int, ...]] | 
     return m.group("family"), offset, shape
 
 
-def read_dcp_metadata(data: bytes, report: PickleReport | None = None) -> DcpMetadata:
-    """Parse `.metadata` bytes. Raises `ReadError` with code CK106 (or CK603 for resource bounds).
+def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = None) -> DcpMetadata:
+    """Parse `.metadata` bytes (or a binary file). Raises `ReadError` with code CK106 (or CK603 for bounds).
 
     `report` collects the globals the pickle referenced, also when parsing fails (a hostile `.metadata` is both
     unreadable and unsafe).
     """
     report = report if report is not None else PickleReport()
-    try:
-        root = load_pickle(data, report)
-    except ReadError as e:
-        raise ReadError(str(e), "CK603" if e.code == "CK603" else "CK106") from e
-    if not isinstance(root, Obj) or not isinstance(root.get("state_dict_metadata"), dict):
-        what = root.qualname if isinstance(root, Obj) else type(root).__name__
-        raise ReadError(f"not a DCP Metadata object (root is {what})", "CK106")
-    try:
-        return _convert(root, report)
-    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as e:
-        raise ReadError(f"malformed DCP Metadata: {type(e).__name__}: {e}", "CK106") from e
+    with no_gc():
+        try:
+            root = load_pickle(data, report)
+        except ReadError as e:
+            raise ReadError(str(e), "CK603" if e.code == "CK603" else "CK106") from e
+        state = _state(root)
+        if state is None or not isinstance(state.get("state_dict_metadata"), dict):
+            what = getattr(root, "qualname", type(root).__name__)
+            raise ReadError(f"not a DCP Metadata object (root is {what})", "CK106")
+        try:
+            return _convert(root, state, report)
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as e:
+            raise ReadError(f"malformed DCP Metadata: {type(e).__name__}: {e}", "CK106") from e
 
 
-def _convert(root: Obj, report: PickleReport) -> DcpMetadata:
+def _state(o: Any) -> dict[str, Any] | None:
+    """The field dict of a DCP stand-in: a `Rec`'s pickled state, or an `Obj`'s attributes (Megatron-Core 0.15
+    `MCoreMetadata` / 0.11–0.15 `MCoreSavePlan` are allowed `Obj`s)."""
+    if isinstance(o, Rec):
+        st = o[0] if o else {}
+        return st if isinstance(st, dict) else None
+    if isinstance(o, Obj):
+        return o.__dict__
+    return None
+
+
+def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetadata:
+    """Translate the stand-ins into the neutral model.
+
+    Stand-ins are dropped as soon as they are translated (`storage_data`, each tensor's chunk list, the plans), so
+    the memory they free is reused by the model objects instead of both peaking together.
+    """
+    plans = state.get("all_local_plans")
+    rank_items: tuple[tuple[str, ...], ...] = ()
+    if isinstance(plans, list):
+        ranks = []
+        for p in plans:
+            ps = _state(p)
+            items = ps.get("items") if ps else None
+            ranks.append(tuple(str(_state(_state(it)["index"])["fqn"]) for it in (items or ())))  # type: ignore[index]
+        rank_items = tuple(ranks)
+        plans.clear()
+
     storage: dict[tuple[str, tuple[int, ...] | None], StoredItem] = {}
-    raw_storage = root.get("storage_data") or {}
+    raw_storage = state.get("storage_data") or {}
     if not isinstance(raw_storage, dict):
         raise TypeError("storage_data is not a dict")
     for index, info in raw_storage.items():
-        fqn = index.get("fqn") if isinstance(index, Obj) else None
-        if not isinstance(fqn, str) or not isinstance(info, Obj):
+        ist = _state(index)
+        fst = _state(info)
+        if ist is None or fst is None or not isinstance(ist.get("fqn"), str):
             raise TypeError("storage_data entry is not MetadataIndex -> _StorageInfo")
-        off = index.get("offset")
-        descriptors = info.get("transform_descriptors") or ()
-        storage[(fqn, tuple(off) if off is not None else None)] = StoredItem(
-            str(info.get("relative_path")), int(info.get("offset")), int(info.get("length")),
-            tuple(str(d) for d in descriptors),
+        off = ist.get("offset")
+        descriptors = fst.get("transform_descriptors") or ()
+        storage[(ist["fqn"], tuple(off) if off is not None else None)] = StoredItem(
+            str(fst["relative_path"]), int(fst["offset"]), int(fst["length"]),
+            tuple(str(d) for d in descriptors) if descriptors else (),
         )
+    raw_storage.clear()
 
-    mcore_raw = root.get("mcore_data") or {}
+    mcore_raw = state.get("mcore_data") or {}
     mcore_data: dict[str, tuple[int, ...]] = {}
     if isinstance(mcore_raw, dict):
         for k, v in mcore_raw.items():
@@ -112,56 +143,53 @@ def _convert(root: Obj, report: PickleReport) -> DcpMetadata:
 
     tensors: list[Tensor] = []
     objects: list[ObjectItem] = []
-    seen_fqns: set[str] = set()
-    for key, md in root.get("state_dict_metadata").items():
+    get = storage.get
+    for key, md in state["state_dict_metadata"].items():
         key = str(key)
-        seen_fqns.add(key)
-        if not isinstance(md, Obj):
-            raise TypeError(f"metadata entry for {key!r} is {type(md).__name__}")
-        if md.qualname.endswith("BytesStorageMetadata"):
+        qual = getattr(md, "qualname", "")
+        if qual.endswith("BytesStorageMetadata"):
             parsed = parse_shard_key(key)
-            item = storage.get((key, None))
+            item = get((key, None))
             if parsed is None:
                 objects.append(ObjectItem(key, key, None, None, item))
             else:
                 objects.append(ObjectItem(key, parsed[0], parsed[1], parsed[2], item))
             continue
-        size = tuple(int(x) for x in md.get("size"))
-        chunks = tuple(
-            Chunk(offs, tuple(c.get("sizes")), storage.get((key, offs)))
-            for c in md.get("chunks") or ()
-            for offs in (tuple(c.get("offsets")),)
-        )
-        tensors.append(Tensor(key, size, _dtype(md.get("properties")), chunks, None, mcore_data.get(key)))
+        mst = _state(md)
+        if mst is None:
+            raise TypeError(f"metadata entry for {key!r} is {type(md).__name__}")
+        size = tuple(int(x) for x in mst["size"])
+        raw_chunks = mst.get("chunks") or []
+        chunks = []
+        for c in raw_chunks:
+            cst = c[0] if isinstance(c, Rec) and c else _state(c)
+            offs = tuple(cst["offsets"])  # type: ignore[index]
+            chunks.append(Chunk(offs, tuple(cst["sizes"]), get((key, offs))))  # type: ignore[index]
+        tensors.append(Tensor(key, size, _dtype(mst.get("properties")), tuple(chunks), None, mcore_data.get(key)))
+        if isinstance(raw_chunks, list):
+            raw_chunks.clear()
 
-    plans = root.get("all_local_plans")
-    rank_items: tuple[tuple[str, ...], ...] = ()
-    if isinstance(plans, list):
-        rank_items = tuple(
-            tuple(str(it.get("index").get("fqn")) for it in (p.get("items") or ()))
-            for p in plans
-            if isinstance(p, Obj)
-        )
-    planner = root.get("planner_data")
+    planner = state.get("planner_data")
     planner_keys = len(planner) if isinstance(planner, (dict, list, tuple)) else None
-    meta = root.get("storage_meta")
-    checkpoint_id = str(meta.get("checkpoint_id")) if isinstance(meta, Obj) and meta.get("checkpoint_id") else None
-    version = root.get("version")
-    unknown = tuple(sorted(k for k in root.__dict__ if k not in _KNOWN_ATTRS and not k.startswith("_")))
-    orphans = sum(1 for fqn, _ in storage if fqn not in seen_fqns)
+    meta = _state(state.get("storage_meta"))
+    checkpoint_id = str(meta["checkpoint_id"]) if meta and meta.get("checkpoint_id") else None
+    version = state.get("version")
+    unknown = tuple(sorted(k for k in state if k not in _KNOWN_ATTRS and not str(k).startswith("_")))
+    seen = {t.key for t in tensors} | {o.key for o in objects}
+    orphans = sum(1 for fqn, _ in storage if fqn not in seen)
     return DcpMetadata(
         tuple(tensors), tuple(objects), planner_keys, rank_items, mcore_data,
-        str(version) if version is not None else None, checkpoint_id, root.qualname, unknown, orphans, report,
+        str(version) if version is not None else None, checkpoint_id, getattr(root, "qualname", "?"), unknown,
+        orphans, report,
     )
 
 
 def _dtype(props: Any) -> str:
     """dtype name from a TensorProperties stand-in (torch pickles it as a tuple state, older ones as a dict)."""
-    if isinstance(props, Obj):
-        state = props.get("_state")
-        if isinstance(state, tuple) and state:
-            return str(state[0])
-        dtype = props.get("dtype")
-        if dtype is not None:
-            return str(dtype)
+    if isinstance(props, Rec) and props:
+        st = props[0]
+        if isinstance(st, tuple) and st:
+            return str(st[0])
+        if isinstance(st, dict) and st.get("dtype") is not None:
+            return str(st["dtype"])
     return "unknown"
