@@ -113,7 +113,10 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
         for p in plans:
             ps = _state(p)
             items = ps.get("items") if ps else None
-            ranks.append(tuple(str(_state(_state(it)["index"])["fqn"]) for it in (items or ())))  # type: ignore[index]
+            try:  # the common case, all records: index straight into their states
+                ranks.append(tuple([it[0]["index"][0]["fqn"] for it in (items or ())]))
+            except (TypeError, KeyError, IndexError):
+                ranks.append(tuple(str(_state(_state(it)["index"])["fqn"]) for it in (items or ())))  # type: ignore[index]
         rank_items = tuple(ranks)
         plans.clear()
 
