@@ -19,6 +19,7 @@ from ckptinspect.errors import UsageError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of, worst_status
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.savedir import SaveDir, read_save_dir
+from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Checkpoint, Kind
 from ckptinspect.summary import Summary, summarize
@@ -138,21 +139,6 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
 
 def _join(label: str, name: str) -> str:
     return f"{label.rstrip('/')}/{name}"
-
-
-def resolve_checkpoint(path: Path, label: str | None = None) -> tuple[Path, str]:
-    """For commands that take one checkpoint: a save dir resolves to the checkpoint a resume would pick."""
-    label = label if label is not None else str(path)
-    if not (path.exists() or path.is_symlink()):
-        raise UsageError(f"{label}: no such file or directory")
-    if path_kind(path) is Kind.SAVE_DIR:
-        save = read_save_dir(path)
-        pick = save.resume_pick()
-        if pick is None:
-            raise UsageError(f"{label}: save dir has no checkpoint a resume would pick (tracker: "
-                             f"{save.tracker.raw!r})")
-        return pick.path, _join(label, pick.name)
-    return path, label
 
 
 def audit_many(paths: Sequence[Path], opts: AuditOptions) -> list[AuditReport]:

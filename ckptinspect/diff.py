@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptinspect.audit import resolve_checkpoint
+from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.errors import ReadError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor

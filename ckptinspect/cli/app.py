@@ -125,7 +125,7 @@ def info(
     """Summary (format, iteration, topology, optimizer sharding, bytes) and the tensor / object table."""
 
     def body() -> int:
-        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.formats.resolve import resolve_checkpoint
         from ckptinspect.formats import read_checkpoint
         from ckptinspect.summary import summarize
 
@@ -209,7 +209,7 @@ def coverage(
     """Per-tensor coverage; for one tensor, a picture of its chunk grid with gaps and overlaps marked."""
 
     def body() -> int:
-        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.formats.resolve import resolve_checkpoint
         from ckptinspect.checks.coverage import findings_for, tensor_coverage
         from ckptinspect.formats import read_checkpoint
 
@@ -274,7 +274,7 @@ def manifest_verify(
     """Verify a SHA-256 manifest (the checkpoint's own integrity.json by default)."""
 
     def body() -> int:
-        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.formats.resolve import resolve_checkpoint
         from ckptinspect.manifest import verify_manifest
 
         _only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
@@ -330,7 +330,7 @@ def manifest_write(
     """Write a SHA-256 manifest in Megatron's integrity.json schema (atomically)."""
 
     def body() -> int:
-        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.formats.resolve import resolve_checkpoint
         from ckptinspect.manifest import write_manifest
 
         _only(output, (Output.TEXT, Output.JSON))
@@ -400,7 +400,7 @@ def resume(
     """Predict what a resume with that topology and those flags restores, drops, or fails on."""
 
     def body() -> int:
-        from ckptinspect.audit import resolve_checkpoint
+        from ckptinspect.formats.resolve import resolve_checkpoint
         from ckptinspect.formats import read_checkpoint
         from ckptinspect.resume import ResumeTarget, Verdict, predict_resume
 

@@ -6,11 +6,15 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from ckptinspect import __version__
-from ckptinspect.audit import AuditReport, Listing
 from ckptinspect.findings import Finding
-from ckptinspect.model import Checkpoint
-from ckptinspect.summary import Summary
+
+if TYPE_CHECKING:  # type-only: `info` / `sniff` must not import the checks
+    from ckptinspect.audit import AuditReport, Listing
+    from ckptinspect.model import Checkpoint
+    from ckptinspect.summary import Summary
 
 SCHEMA_VERSION = 1
 

@@ -11,12 +11,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ckptinspect.audit import AuditReport, Listing
-from ckptinspect.checks.coverage import TensorCoverage
+from typing import TYPE_CHECKING
+
 from ckptinspect.findings import CODES, Finding, Severity, Status
-from ckptinspect.formats.sniff import SniffReport
-from ckptinspect.model import Checkpoint
-from ckptinspect.summary import COMPONENTS, Summary
+from ckptinspect.summary import COMPONENTS
+
+if TYPE_CHECKING:  # type-only: `sniff` must not pay for importing the readers and checks (≤0.3 s budget)
+    from ckptinspect.audit import AuditReport, Listing
+    from ckptinspect.checks.coverage import TensorCoverage
+    from ckptinspect.formats.sniff import SniffReport
+    from ckptinspect.model import Checkpoint
+    from ckptinspect.summary import Summary
 
 STATUS_STYLE = {
     Status.COMPLETE: "bold green", Status.INCOMPLETE: "bold yellow", Status.CORRUPT: "bold red",

@@ -1,0 +1,29 @@
+"""Resolve a user's PATH to one checkpoint: a save dir stands for the checkpoint a resume would pick."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ckptinspect.errors import UsageError
+from ckptinspect.formats.savedir import read_save_dir
+from ckptinspect.formats.sniff import path_kind
+from ckptinspect.model import Kind
+
+
+def _join(label: str, name: str) -> str:
+    return f"{label.rstrip('/')}/{name}"
+
+
+def resolve_checkpoint(path: Path, label: str | None = None) -> tuple[Path, str]:
+    """For commands that take one checkpoint: a save dir resolves to the checkpoint a resume would pick."""
+    label = label if label is not None else str(path)
+    if not (path.exists() or path.is_symlink()):
+        raise UsageError(f"{label}: no such file or directory")
+    if path_kind(path) is Kind.SAVE_DIR:
+        save = read_save_dir(path)
+        pick = save.resume_pick()
+        if pick is None:
+            raise UsageError(f"{label}: save dir has no checkpoint a resume would pick (tracker: "
+                             f"{save.tracker.raw!r})")
+        return pick.path, _join(label, pick.name)
+    return path, label
