@@ -461,6 +461,11 @@ def _emit_manifest_report(command: str, report: object, output: Output) -> None:
         emit_text(Group(*parts))  # type: ignore[arg-type]
 
 
+from ckptinspect.cli.scan_cmd import register as _register_scan  # noqa: E402 - after the app exists
+
+_register_scan(app)
+
+
 def main() -> None:
     """Console-script entry point.
 
