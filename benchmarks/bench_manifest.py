@@ -12,6 +12,10 @@ then written to a temp dir), writes a manifest, warms the page cache, and times 
 Then the peak RSS of a fresh subprocess running `verify_manifest` over the files. Targets: ckptinspect ≥
 0.8 × cores × single-core throughput (≥ 1.6× the serial verifier on 2 cores), peak RSS < 200 MB.
 
+Parallel speed-ups need idle cores: on a shared machine run it when the load average is well below the core count
+(it is printed). The CPU-seconds column does not depend on the neighbours: ckptinspect should spend about the CPU
+time of the serial verifier, only in less wall time.
+
     python benchmarks/bench_manifest.py [--size-gb 2] [--files 8] [--dir DIR] [--repeat 5] [--tmp DIR]
 """
 
