@@ -179,7 +179,7 @@ class Checkpoint:
     common: the rest of the common state, plain data (``iteration``, ``content_metadata``, ...), or None.
     topology: TP/PP/DP/EP/world size.
     optimizer_sharding: DistributedOptimizer ``distrib_optim_sharding_type`` (or inferred), None without one.
-    rank_items: per save-time rank, the item keys it wrote (Megatron's `all_local_plans`), () when unknown.
+    rank_items: per save-time rank, how many items it wrote (Megatron's `all_local_plans`), () when unknown.
     findings: what the reader itself found (unreadable files, unsafe pickles, half-written state).
     extra: format-specific facts for renderers (``metadata_json``, ``mcore_data`` keys, ...).
     """
@@ -195,7 +195,7 @@ class Checkpoint:
     common: Mapping[str, Any] | None = None
     topology: Topology = field(default_factory=Topology)
     optimizer_sharding: str | None = None
-    rank_items: tuple[tuple[str, ...], ...] = ()
+    rank_items: tuple[int, ...] = ()
     findings: tuple[Finding, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 

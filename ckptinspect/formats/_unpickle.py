@@ -312,9 +312,11 @@ class SafeUnpickler(pickle.Unpickler):
     2. `persistent_load` turns torch's `('storage', ...)` ids into `StorageRef`s (the bytes are not read).
     """
 
-    def __init__(self, file: IO[bytes], report: PickleReport | None = None) -> None:
+    def __init__(self, file: IO[bytes], report: PickleReport | None = None, discard_plans: bool = False) -> None:
         super().__init__(file)
         self.report = report if report is not None else PickleReport()
+        self.discard_plans = discard_plans
+        self._in_plans = False
         self._classes: dict[str, type[Obj]] = {}
         self._recs: dict[str, type[Rec]] = {}
 
@@ -323,6 +325,8 @@ class SafeUnpickler(pickle.Unpickler):
         verdict = classify(module, name)
         self.report.globals[qual] = verdict
         if verdict is GlobalClass.ALLOWED:
+            if self.discard_plans and not self._in_plans and name.endswith("SavePlan"):
+                self._enter_plans()
             fn = _FUNCTIONS.get((module, name))
             if fn is not None:
                 return fn
@@ -342,7 +346,19 @@ class SafeUnpickler(pickle.Unpickler):
         if cls is None:
             cls = type(qual.rsplit(".", 1)[-1], (Rec,), {"qualname": qual})
             self._recs[qual] = cls
+            if self._in_plans and qual in _PLAN_DISCARD:
+                cls.__setstate__ = _PLAN_DISCARD[qual]
         return cls
+
+    def _enter_plans(self) -> None:
+        """From the first SavePlan on (Megatron's `all_local_plans`, ~half of a large `.metadata`), the items'
+        states are dropped as soon as BUILD hands them over: the plans only count items per rank here, and what
+        they describe is already in `storage_data`. The memo keeps every state dict alive until the load ends;
+        emptying them (in C: `dict.clear`) roughly halves the plans' memory."""
+        self._in_plans = True
+        for qual, cls in self._recs.items():
+            if qual in _PLAN_DISCARD:
+                cls.__setstate__ = _PLAN_DISCARD[qual]
 
     def _stub(self, qual: str, base: type[Obj]) -> type[Obj]:
         cls = self._classes.get(qual)
@@ -376,7 +392,20 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def load_pickle(source: bytes | memoryview | IO[bytes], report: PickleReport | None = None) -> Any:
+# How plan-item records take their state once `SavePlan`s are being read (`SafeUnpickler._enter_plans`): dict states
+# are emptied, TensorProperties' tuple state is ignored. Both are C functions: no Python call per item.
+_PLAN_DISCARD: Mapping[str, Any] = {
+    "torch.distributed.checkpoint.planner.WriteItem": staticmethod(dict.clear),
+    "torch.distributed.checkpoint.planner.TensorWriteData": staticmethod(dict.clear),
+    "torch.distributed.checkpoint.metadata.MetadataIndex": staticmethod(dict.clear),
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata": staticmethod(dict.clear),
+    "torch.distributed.checkpoint.metadata.TensorProperties": staticmethod(id),
+}
+
+
+def load_pickle(
+    source: bytes | memoryview | IO[bytes], report: PickleReport | None = None, discard_plans: bool = False
+) -> Any:
     """Unpickle `source` (bytes, or a binary file streamed from its current position) with `SafeUnpickler`.
 
     Raises `ReadError` (CK206) / `LimitExceeded` (CK603) on bad input. A file is streamed rather than read whole:
@@ -388,7 +417,7 @@ def load_pickle(source: bytes | memoryview | IO[bytes], report: PickleReport | N
         stream: IO[bytes] = io.BufferedReader(io.BytesIO(source))
     else:
         stream = source
-    unpickler = SafeUnpickler(stream, report)
+    unpickler = SafeUnpickler(stream, report, discard_plans)
     try:
         return unpickler.load()
     except (MemoryError, RecursionError) as e:

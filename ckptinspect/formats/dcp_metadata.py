@@ -30,7 +30,7 @@ class DcpMetadata:
 
     tensors / objects: every TensorStorageMetadata / BytesStorageMetadata entry, with storage looked up.
     planner_keys: number of entries of `planner_data` (None when it is None; Megatron writes None).
-    rank_items: item keys each save-time rank wrote (`all_local_plans`), () when absent.
+    rank_items: number of items each save-time rank wrote (`all_local_plans`), () when absent.
     mcore_data: Megatron-Core 0.8–0.15 original shapes of N-D reformulated tensors.
     root_class: qualified name of the root object (torch Metadata or Megatron's MCoreMetadata).
     unknown_attrs: root attributes this reader does not know (tolerated, noted).
@@ -41,7 +41,7 @@ class DcpMetadata:
     tensors: tuple[Tensor, ...]
     objects: tuple[ObjectItem, ...]
     planner_keys: int | None
-    rank_items: tuple[tuple[str, ...], ...]
+    rank_items: tuple[int, ...]
     mcore_data: Mapping[str, tuple[int, ...]]
     version: str | None
     checkpoint_id: str | None
@@ -74,9 +74,18 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
     unreadable and unsafe).
     """
     report = report if report is not None else PickleReport()
+    start = data.tell() if not isinstance(data, bytes) else 0
     with no_gc():
         try:
-            root = load_pickle(data, report)
+            try:
+                root = load_pickle(data, report, discard_plans=True)
+            except ReadError:
+                # A pickle the plan-discarding fast path cannot take (a non-dict item state): read it plainly.
+                if isinstance(data, bytes):
+                    root = load_pickle(data, report)
+                else:
+                    data.seek(start)
+                    root = load_pickle(data, report)
         except ReadError as e:
             raise ReadError(str(e), "CK603" if e.code == "CK603" else "CK106") from e
         state = _state(root)
@@ -107,16 +116,13 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
     the memory they free is reused by the model objects instead of both peaking together.
     """
     plans = state.get("all_local_plans")
-    rank_items: tuple[tuple[str, ...], ...] = ()
+    rank_items: tuple[int, ...] = ()
     if isinstance(plans, list):
         ranks = []
         for p in plans:
             ps = _state(p)
             items = ps.get("items") if ps else None
-            try:  # the common case, all records: index straight into their states
-                ranks.append(tuple([it[0]["index"][0]["fqn"] for it in (items or ())]))
-            except (TypeError, KeyError, IndexError):
-                ranks.append(tuple(str(_state(_state(it)["index"])["fqn"]) for it in (items or ())))  # type: ignore[index]
+            ranks.append(len(items) if isinstance(items, list) else 0)
         rank_items = tuple(ranks)
         plans.clear()
 
