@@ -6,9 +6,9 @@ save, and the torch DCP run. Each base is copied once per session ("pristine") a
 of it. A case applies 1–3 mutations: truncation, byte flips (weighted towards `.metadata`, `common.pt`,
 `metadata.json`, trackers and manifests), deletion, duplication, a file replaced by a directory, an empty file, a
 symlink (to itself, dangling, to another file, to a parent dir), garbage or deeply nested JSON, garbage trackers,
-spliced bytes. Then `audit` (JSON; sometimes `--deep` / `--all`), `scan`, and one more read-only command run on
-it, each checked for: exit code 0 or 1 (never 2/3), no traceback, JSON that parses, the tree byte-identical before
-and after, and a 10 s per-run hang guard.
+spliced bytes. Then `audit` (JSON; sometimes `--deep` / `--all`), `scan`, and often one more read-only command run
+on it, each checked for: exit code 0 or 1 (never 2/3), no traceback, JSON that parses, the tree byte-identical before
+and after, and a 30 s per-run hang guard.
 
 Reproduce: the seed and case count are printed in the terminal summary; every failure names its seed and case
 index. `CKPTINSPECT_FUZZ_SEED=S CKPTINSPECT_FUZZ_CASES=N pytest tests/test_fuzz.py` reruns a whole session,
@@ -51,7 +51,7 @@ BASES: dict[str, Path] = {
 SEED = int(os.environ.get("CKPTINSPECT_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32))
 CASES = int(os.environ.get("CKPTINSPECT_FUZZ_CASES", "1000"))
 ONLY = os.environ.get("CKPTINSPECT_FUZZ_ONLY")
-HANG_SECONDS = 10.0
+HANG_SECONDS = 30.0  # a hang guard, not a speed assertion: a run takes ~0.05-0.3 s, CI machines stall at times
 MAX_REPORTED = 12
 
 
@@ -88,7 +88,8 @@ class _Summary:
             tr.write_line(f"slowest run: {s.slowest[0]:.2f}s {s.slowest[1]}")
         if s.skipped_bases:
             tr.write_line("skipped bases (not available): " + ", ".join(s.skipped_bases))
-        tr.write_line(f"reproduce: CKPTINSPECT_FUZZ_SEED={SEED} CKPTINSPECT_FUZZ_CASES={CASES} "
+        only = f" CKPTINSPECT_FUZZ_ONLY={ONLY}" if ONLY is not None else ""
+        tr.write_line(f"reproduce: CKPTINSPECT_FUZZ_SEED={SEED} CKPTINSPECT_FUZZ_CASES={CASES}{only} "
                       "pytest tests/test_fuzz.py")
 
 
@@ -175,7 +176,10 @@ def mutate(rng: random.Random, root: Path) -> list[str]:
         files, dirs = _entries(root)
         target = _pick_file(rng, files)
         op = rng.choice(OPS)
-        desc = op(rng, root, target, files, dirs)
+        try:
+            desc = op(rng, root, target, files, dirs)
+        except OSError as e:  # a mutation that does not apply to what earlier ones left (e.g. a deleted parent)
+            desc = f"{op.__name__} skipped ({e.strerror})"
         if desc:
             done.append(desc)
     return done or ["(no-op)"]
@@ -241,6 +245,8 @@ def op_duplicate(rng: random.Random, root: Path, t: Path | None, files: list[Pat
              "metadata.json", "model_optim_rng.pt", "x.pt"]
     dst_dir = rng.choice(dirs + [root]) if rng.random() < 0.3 else t.parent
     new = dst_dir / rng.choice(names)
+    if new == t:
+        return None
     if new.exists() or new.is_symlink():
         if not _regular(new):
             return None
@@ -354,7 +360,8 @@ def _apps() -> tuple[typer.Typer, typer.Typer]:
 
 
 def commands(rng: random.Random, path: str) -> list[tuple[str, list[str]]]:
-    """The CLI runs of one case: audit (json, sometimes --deep / --all), scan, and one more read-only command."""
+    """The CLI runs of one case: audit (json, sometimes --deep / --all), scan, and in half the cases one more
+    read-only command (info, ls, sniff, manifest verify, coverage, text / junit audit, text scan)."""
     audit = ["audit", path, "-o", "json"]
     r = rng.random()
     if r < 0.25:
@@ -364,18 +371,23 @@ def commands(rng: random.Random, path: str) -> list[tuple[str, list[str]]]:
     extra = rng.choice([["info", path, "-o", "json"], ["ls", path, "-o", "json"], ["sniff", path, "-o", "json"],
                         ["manifest", "verify", path, "-o", "json"], ["coverage", path, "-o", "json"],
                         ["audit", path], ["audit", path, "-o", "junit"], ["scan", path]])
-    return [("main", audit), ("scan", ["scan", path, "-o", "json"]), ("scan" if extra[0] == "scan" else "main", extra)]
+    runs = [("main", audit), ("scan", ["scan", path, "-o", "json"])]
+    if rng.random() < 0.5:  # half the cases: keeps 1,000 cases within the suite's time budget
+        runs.append(("scan" if extra[0] == "scan" else "main", extra))
+    return runs
 
 
-def run_one(runner: CliRunner, app: typer.Typer, args: list[str]) -> tuple[int, str, str, float, str | None]:
-    """(exit code, stdout, stderr, seconds, problem with the run itself or None)."""
+def run_one(runner: CliRunner, app: typer.Typer, args: list[str],
+            limit: float = HANG_SECONDS) -> tuple[int, str, str, float, str | None]:
+    """(exit code, stdout, stderr, seconds, problem with the run itself or None). A run still going after `limit`
+    seconds is interrupted by SIGALRM (blocking reads included: the syscall returns EINTR and the handler raises)."""
     old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, HANG_SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, limit)
     t0 = time.perf_counter()
     try:
         res = runner.invoke(app, args)
     except Hang:
-        return -1, "", "", time.perf_counter() - t0, f"hang: no result after {HANG_SECONDS:.0f} s"
+        return -1, "", "", time.perf_counter() - t0, f"hang: no result after {limit:.0f} s"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -503,6 +515,6 @@ def test_a_fifo_in_place_of_a_checkpoint_file_does_not_hang(victim: str, pristin
     runner = CliRunner()
     for app, args in ((main, ["audit", str(work), "-o", "json"]), (main, ["info", str(work), "-o", "json"]),
                       (scan_only, ["scan", str(work), "-o", "json"])):
-        code, out, err, dt, problem = run_one(runner, app, args)
+        code, out, err, dt, problem = run_one(runner, app, args, limit=10.0)
         problem = problem or check_run(args, code, out, err)
         assert problem is None, f"ckptinspect {args[0]} with a FIFO at {victim}: {problem}"

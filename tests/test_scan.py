@@ -462,13 +462,16 @@ def test_cli_clean_outputs_and_options(tmp_path: Path, marker: Path) -> None:
     assert r.exit_code == 1
     xml = ElementTree.fromstring(r.stdout.split("?>", 1)[1])
     assert any(f.get("type") == "CK601" for f in xml.iter("failure"))
+    md = run_cli(str(save), "-o", "markdown")
+    assert md.exit_code == 1 and md.stdout.startswith("## ckptinspect scan: `unsafe`")
+    assert "| `iter_0000001/common.pt` | `common.pt` | posix.system |" in md.stdout
     ignored = json.loads(run_cli(str(save), "-o", "json", "--ignore", "CK601").stdout)
     assert ignored["status"] == "complete" and ignored["findings"] == []
 
 
 def test_cli_usage_errors_are_exit_2(tmp_path: Path) -> None:
     assert run_cli(str(tmp_path / "missing")).exit_code == 2
-    assert run_cli(str(tmp_path), "-o", "markdown").exit_code == 2
+    assert run_cli(str(tmp_path), "-o", "yaml").exit_code == 2
     assert run_cli(str(tmp_path), "--bogus").exit_code == 2
 
 

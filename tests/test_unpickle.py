@@ -238,6 +238,10 @@ def test_concatenated_pickles_the_walker_sees_the_hidden_second_one(marker: Path
     data = pickle.dumps([1], protocol=4) + hostile_corpus(marker)["inst-protocol0"][0] + b"\x00\xffjunk"
     walk = walk_pickle(data)
     assert walk.segments == 2 and walk.dangerous == ["os.system"] and walk.trailing == 6
+    # Bytes after a complete pickle that start like one but do not walk to a STOP (raw storages after the pickles of
+    # a pre-1.6 torch.save): trailing data, not a broken pickle.
+    walk = walk_pickle(pickle.dumps([1], protocol=2) + b"(K\x07\xff\xff\x00\x00")
+    assert walk.complete and walk.segments == 1 and walk.trailing == 7 and walk.trailing_problem is not None
 
 
 def test_dynamic_stack_global_and_unregistered_extension_codes() -> None:

@@ -1,7 +1,7 @@
 """`ckptinspect scan PATH`: the pickle-safety scan command (`register(app)` adds it to the typer app).
 
-Thin shell over `ckptinspect.scan.scan_path`: parse options, scan, render (text / json / junit), exit code from
-`--fail-on`. The text rendering lives here because it is this command's alone.
+Thin shell over `ckptinspect.scan.scan_path`: parse options, scan, render (text / json / markdown / junit), exit code
+from `--fail-on`. The text and markdown renderings live here because they are this command's alone.
 """
 
 from __future__ import annotations
@@ -51,8 +51,6 @@ def scan(
     def body() -> int:
         from ckptinspect.scan import scan_path
 
-        if output not in (Output.TEXT, Output.JSON, Output.JUNIT):
-            usage_exit(f"--output {output.value} is not available for this command (use text | json | junit)")
         if not (path.exists() or path.is_symlink()):
             usage_exit(f"{path}: no such file or directory")
         report = scan_path(path, str(path), tuple(select or ()), tuple(ignore or ()))
@@ -60,6 +58,8 @@ def scan(
             from ckptinspect.render.json_doc import dumps, envelope
 
             emit_raw(dumps(envelope("scan", report.to_dict())))
+        elif output is Output.MARKDOWN:
+            emit_raw(scan_markdown(report))
         elif output is Output.JUNIT:
             from ckptinspect.render.junit import findings_junit
 
@@ -71,11 +71,43 @@ def scan(
     guarded(debug, body)
 
 
+def _flagged(r: ScanReport) -> list[tuple[str, str, list[str], list[str]]]:
+    """(file, subject, dangerous, unknown) of every pickle referencing a global outside the allowlist."""
+    rows = []
+    for p in r.pickles:
+        dangerous = [q for q, v in sorted(p.globals.items()) if v == "dangerous"]
+        unknown = [q for q, v in sorted(p.globals.items()) if v == "unknown"]
+        if dangerous or unknown:
+            rows.append((p.file, p.subject, dangerous, unknown))
+    return rows
+
+
+def scan_markdown(r: ScanReport) -> str:
+    """The scan as markdown (fits a GitHub step summary)."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    flagged = _flagged(r)
+    lines = [f"## ckptinspect scan: `{r.status.value}`", "", f"- path: `{r.path}`",
+             f"- {r.pickles_scanned} pickle(s) scanned, {len(flagged)} with globals outside the allowlist "
+             "(nothing was executed)"]
+    if flagged:
+        lines += ["", "| file | subject | dangerous | unknown |", "|---|---|---|---|"]
+        for file, subject, dangerous, unknown in flagged[:MAX_ROWS]:
+            lines.append(f"| `{cell(file)}` | `{cell(subject)}` | {cell(', '.join(dangerous))} | "
+                         f"{cell(', '.join(unknown))} |")
+    if r.findings:
+        lines += ["", "| code | severity | subject | message |", "|---|---|---|---|"]
+        for f in r.findings[:MAX_ROWS]:
+            lines.append(f"| {f.code} | {f.severity.value} | {cell(f.subject or '-')} | {cell(f.message)} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_scan(r: ScanReport) -> RenderableType:
     """Verdict, the pickles that reference dangerous or unknown globals, then the findings."""
     from ckptinspect.render.text import render_findings, status_text
 
-    flagged = [p for p in r.pickles if any(v != "allowed" for v in p.globals.values())]
+    flagged = _flagged(r)
     head = Text.assemble(("verdict: ", "bold"), status_text(r.status),
                          f"   {r.pickles_scanned} pickle(s) scanned, {len(flagged)} with globals outside the "
                          "allowlist (nothing was executed)")
@@ -84,10 +116,8 @@ def render_scan(r: ScanReport) -> RenderableType:
         t = Table(title="pickles referencing dangerous or unknown globals")
         for col in ("file", "subject", "dangerous", "unknown"):
             t.add_column(col, overflow="fold")
-        for p in flagged[:MAX_ROWS]:
-            dangerous = [q for q, v in sorted(p.globals.items()) if v == "dangerous"]
-            unknown = [q for q, v in sorted(p.globals.items()) if v == "unknown"]
-            t.add_row(p.file, p.subject, Text(", ".join(dangerous), style="bold magenta"),
+        for file, subject, dangerous, unknown in flagged[:MAX_ROWS]:
+            t.add_row(file, subject, Text(", ".join(dangerous), style="bold magenta"),
                       Text(", ".join(unknown), style="yellow"))
         if len(flagged) > MAX_ROWS:
             t.add_row(f"... {len(flagged) - MAX_ROWS} more (use --output json)", "", "", "")

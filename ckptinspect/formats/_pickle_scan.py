@@ -10,12 +10,13 @@ materialised except strings of at most `MAX_TRACKED_STR` characters) and it has 
 
 Tricks it handles:
 - several pickles back to back in one stream (legacy `torch.save` files are a sequence of pickles; a payload can hide
-  after the first `STOP`): walking resumes after `STOP` while the next byte is a valid opcode;
+  after the first `STOP`): walking resumes after `STOP` while the next bytes can start a pickle; what does not walk
+  through to a `STOP` after a complete pickle is trailing data, not an error;
 - length claims beyond the data (`BINUNICODE8` of 100 GB): reported, never allocated;
 - `STACK_GLOBAL` whose operands are not literal strings (a name computed at load time): reported as dangerous, since
   no allowlist can judge it;
-- Python 2 names (`__builtin__.eval`): classified both as written and as the unpickler maps them (`_compat_pickle`,
-  protocols < 3), the worse verdict wins.
+- Python 2 names (`__builtin__.eval`): judged as the unpickler imports them (`_compat_pickle`, protocols < 3);
+  a name dangerous as written stays dangerous.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class PickleWalk:
     error: why walking stopped early on malformed input (truncated, invalid opcode, stack underflow), or None.
     error_offset: byte offset of that problem.
     limit: a resource bound that was hit (huge length claim, op count, stack size), or None.
-    trailing: bytes after the last STOP that are not a pickle (not walked).
+    trailing: bytes after the last complete pickle that are not one (not walked, or not walkable to a STOP).
+    trailing_problem: why those bytes did not walk as a pickle, when they started like one.
     max_memo_index: the largest index a PUT / BINPUT / LONG_BINPUT names (-1 when none). A real pickler never
       writes one beyond the number of memoized objects; CPython's unpickler sizes its memo array to twice it.
     """
@@ -90,6 +92,7 @@ class PickleWalk:
     error_offset: int | None = None
     limit: str | None = None
     trailing: int = 0
+    trailing_problem: str | None = None
     max_memo_index: int = -1
     _seen: set[tuple[str, str, GlobalClass]] = field(default_factory=set, repr=False)
 
@@ -232,14 +235,23 @@ def walk_pickle(
             walk.trailing = end - pos
             break
         walk.segments += 1
+        start, memo_before = pos, walk.max_memo_index
         try:
             pos = _walk_segment(buf, pos, walk, max_ops, max_stack)
         except _Stop as stop:
-            if stop.limit:
-                walk.limit = str(stop)
+            if walk.segments > 1:
+                # After a complete pickle, bytes that start like one but do not walk through are trailing data
+                # (the raw storages after the pickles of a pre-1.6 `torch.save` file), not a broken pickle. What
+                # globals they seemed to name stay recorded: the walker errs on the side of reporting.
+                walk.segments -= 1
+                walk.trailing, walk.trailing_problem = end - start, str(stop)
+                walk.max_memo_index = memo_before
             else:
-                walk.error = str(stop)
-            walk.error_offset = stop.offset
+                if stop.limit:
+                    walk.limit = str(stop)
+                else:
+                    walk.error = str(stop)
+                walk.error_offset = stop.offset
             break
     if walk.limit is None and walk.max_memo_index > walk.ops:
         # A pickler never names a memo slot beyond the objects it memoized; CPython's unpickler allocates (and
