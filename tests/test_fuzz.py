@@ -99,6 +99,12 @@ def _fuzz_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     pm = request.config.pluginmanager
     if not pm.has_plugin("ckptinspect-fuzz-summary"):
         pm.register(plugin, "ckptinspect-fuzz-summary")
+    tr = pm.get_plugin("terminalreporter")
+    capture = pm.get_plugin("capturemanager")
+    if tr is not None and capture is not None:  # up front as well: a CI job killed by its timeout shows the seed
+        with capture.global_and_fixture_disabled():
+            tr.write_line(f"\nckptinspect fuzz: seed={SEED} cases={CASES}"
+                          + (f" only={ONLY}" if ONLY is not None else ""))
     yield
 
 
