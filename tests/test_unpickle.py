@@ -10,6 +10,7 @@ must leave `torch` out of `sys.modules`.
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -285,6 +286,24 @@ def test_a_100_gb_length_claim_is_a_bounded_error(opcode: bytes) -> None:
     assert walk.error is not None and walk.error.startswith("truncated")
     # a FRAME that claims more than there is
     assert walk_pickle(b"\x80\x04\x95" + HUGE.to_bytes(8, "little") + b"K\x01.").limit is not None
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("opcode", [b"\x8d", b"\x8e", b"\x96"], ids=["BINUNICODE8", "BINBYTES8", "BYTEARRAY8"])
+def test_a_100_gb_length_claim_in_a_streamed_metadata_file_is_quiet(opcode: bytes, tmp_path: Path,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    """`.metadata` is streamed from its file: an allocation the claim makes fail must end as a finding, with no
+    exception escaping into the interpreter's unraisable hook (CPython's BYTEARRAY8 path leaves a bytearray with an
+    exported buffer behind: "SystemError: deallocated bytearray object has exported buffers" on stderr)."""
+    from ckptinspect.formats.dcp import read_dcp_dir
+
+    (tmp_path / ".metadata").write_bytes(b"\x80\x05" + opcode + HUGE.to_bytes(8, "little") + b"abc.")
+    d = read_dcp_dir(tmp_path, "ck")
+    assert d.metadata is None and [f.code for f in d.findings] in (["CK603"], ["CK106"])
+    del d
+    gc.collect()
+    err = capfd.readouterr().err
+    assert "Error" not in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("shape", ["marks", "lists", "tuples", "dicts"])
