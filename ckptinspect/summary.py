@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ckptinspect.model import Checkpoint, StoredItem
+from ckptinspect.model import Checkpoint
 
 _RANK_FILE = re.compile(r"^(?:.*?)__(\d+)_(\d+)\.distcp$")
 COMPONENTS = ("model", "optimizer", "rng", "other")
@@ -55,31 +55,29 @@ class Summary:
 
 def summarize(ckpt: Checkpoint) -> Summary:
     by_component = dict.fromkeys(COMPONENTS, 0)
-    by_file: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COMPONENTS, 0))
+    # (file, component) -> bytes; the component is decided once per tensor, not per chunk
+    acc: dict[tuple[str, str], int] = defaultdict(int)
     chunks = 0
-
-    def add(key: str, item: StoredItem | None) -> None:
-        if item is None:
-            return
-        comp = component_of(key)
-        by_component[comp] += item.length
-        by_file[item.file][comp] += item.length
-
     for t in ckpt.tensors:
-        comp_key = t.key
+        comp = component_of(t.key)
         chunks += len(t.chunks)
         for c in t.chunks:
-            add(comp_key, c.storage)
+            st = c.storage
+            if st is not None:
+                acc[(st.file, comp)] += st.length
     for o in ckpt.objects:
-        add(o.key, o.storage)
+        if o.storage is not None:
+            acc[(o.storage.file, component_of(o.key))] += o.storage.length
+    by_file: dict[str, dict[str, int]] = {}
     by_rank: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COMPONENTS, 0))
-    for name, comps in by_file.items():
+    for (name, comp), n in acc.items():
+        by_component[comp] += n
+        by_file.setdefault(name, dict.fromkeys(COMPONENTS, 0))[comp] += n
         m = _RANK_FILE.match(name.rsplit("/", 1)[-1])
         if m:
-            for comp, n in comps.items():
-                by_rank[int(m.group(1))][comp] += n
+            by_rank[int(m.group(1))][comp] += n
     return Summary(
         tensors=len(ckpt.tensors), chunks=chunks, objects=len(ckpt.objects), files=len(ckpt.files),
         bytes=ckpt.data_bytes, payload_bytes=sum(t.nbytes for t in ckpt.tensors),
-        by_component=by_component, by_rank=dict(by_rank), by_file={k: dict(v) for k, v in sorted(by_file.items())},
+        by_component=by_component, by_rank=dict(by_rank), by_file=dict(sorted(by_file.items())),
     )

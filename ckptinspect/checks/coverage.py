@@ -72,12 +72,28 @@ def tensor_coverage(t: Tensor, check_storage: bool = True) -> TensorCoverage:
     """Compute the coverage of `t` by its chunks."""
     shape = t.shape
     total = math.prod(shape)
+    no_storage = sum(1 for c in t.chunks if c.storage is None) if check_storage else 0
+    if len(shape) == 1:
+        # The common case at scale (DistOpt buckets): bounds checked inline, no per-chunk helper calls.
+        dim = shape[0]
+        intervals: list[tuple[int, int]] = []
+        oob = 0
+        for c in t.chunks:
+            offs, sizes = c.offsets, c.sizes
+            if len(offs) != 1 or len(sizes) != 1:
+                oob += 1
+                continue
+            start, n = offs[0], sizes[0]
+            if start < 0 or n < 0 or start + n > dim:
+                oob += 1
+            elif n:
+                intervals.append((start, start + n))
+        if total == 0:
+            return TensorCoverage(t.key, 0, len(t.chunks), 0, 0, 0, oob, no_storage, (), (), True)
+        return _cover_1d(t, intervals, total, oob, no_storage)
     oob = 0
-    no_storage = 0
     boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     for c in t.chunks:
-        if check_storage and c.storage is None:
-            no_storage += 1
         if not _in_bounds(c.offsets, c.sizes, shape):
             oob += 1
             continue
@@ -89,16 +105,12 @@ def tensor_coverage(t: Tensor, check_storage: bool = True) -> TensorCoverage:
                               oob, no_storage, (((), ()),) if not n else (), (((), ()),) if n > 1 else (), True)
     if total == 0:
         return TensorCoverage(t.key, 0, len(t.chunks), 0, 0, 0, oob, no_storage, (), (), True)
-    if len(shape) == 1:
-        return _cover_1d(t, boxes, total, oob, no_storage)
     return _cover_nd(t, boxes, total, oob, no_storage)
 
 
-def _cover_1d(
-    t: Tensor, boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], total: int, oob: int, no_storage: int
-) -> TensorCoverage:
-    """Sweep over sorted intervals: the common case (DistOpt buckets) without numpy."""
-    iv = sorted((o[0], o[0] + s[0]) for o, s in boxes)
+def _cover_1d(t: Tensor, intervals: list[tuple[int, int]], total: int, oob: int, no_storage: int) -> TensorCoverage:
+    """Sweep over sorted [start, end) intervals: the common case (DistOpt buckets) without numpy."""
+    iv = sorted(intervals)
     gaps: list[tuple[int, int]] = []
     overlaps: list[tuple[int, int]] = []
     gap = overlap = 0

@@ -9,7 +9,6 @@ but an overlap is not.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,38 +38,61 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         return
     if not ckpt.tensors and not ckpt.objects:
         return  # no readable .metadata: the format findings say why
+    import numpy as np  # lazily: a million stored items are checked as arrays, not Python tuples
+
     sizes = {f.name: f.size for f in ckpt.files}
-    by_file: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    file_ids: dict[str, int] = {}
+    fid: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    subjects: list[str] = []
     for subject, item, _, _ in _items(ckpt):
-        by_file[item.file].append((item.offset, item.end, subject))
-    for name in sorted(by_file):
-        spans = by_file[name]
+        fid.append(file_ids.setdefault(item.file, len(file_ids)))
+        starts.append(item.offset)
+        ends.append(item.end)
+        subjects.append(subject)
+    names = list(file_ids)
+    f_arr = np.array(fid, dtype=np.int64)
+    s_arr = np.array(starts, dtype=np.int64)
+    e_arr = np.array(ends, dtype=np.int64)
+    counts = np.bincount(f_arr, minlength=len(names)) if len(names) else np.zeros(0, dtype=np.int64)
+    file_size = np.full(len(names), -1, dtype=np.int64)
+    for i, name in enumerate(names):
         size = sizes.get(name)
         if size is None:
             size = _size_outside_listing(Path(ckpt.path), name)
         if size is None:
-            yield Finding("CK201", f"{name}: named by .metadata for {len(spans)} item(s) but does not exist",
-                          name, ckpt.path, {"items": len(spans), "example": spans[0][2]})
-            continue
-        past = [s for s in spans if s[1] > size or s[0] < 0]
-        if past:
-            worst = max(s[1] for s in past)
+            first = int(np.argmax(f_arr == i))
+            yield Finding("CK201", f"{name}: named by .metadata for {int(counts[i])} item(s) but does not exist",
+                          name, ckpt.path, {"items": int(counts[i]), "example": subjects[first]})
+        else:
+            file_size[i] = size
+    present = file_size[f_arr] >= 0 if len(f_arr) else np.zeros(0, dtype=bool)
+    past = present & ((e_arr > file_size[f_arr]) | (s_arr < 0))
+    for i in np.unique(f_arr[past]):
+        idx = np.flatnonzero(past & (f_arr == i))
+        worst = int(e_arr[idx].max())
+        yield Finding(
+            "CK202",
+            f"{names[i]}: {len(idx)} item(s) extend past the end of the file ({int(file_size[i])} bytes; items reach"
+            f" {worst}), e.g. {subjects[idx[0]]} — truncated",
+            names[i], ckpt.path, {"file_size": int(file_size[i]), "items": int(len(idx)), "max_end": worst,
+                                  "examples": [subjects[j] for j in idx[:MAX_LISTED]]},
+        )
+    if len(f_arr) > 1:
+        order = np.lexsort((s_arr, f_arr))
+        fs, ss, es = f_arr[order], s_arr[order], e_arr[order]
+        # an item overlaps the one before it in its file (sorted by offset): the next starts before this one ends
+        bad = np.flatnonzero((fs[1:] == fs[:-1]) & (ss[1:] < es[:-1]))
+        for i in np.unique(fs[bad]):
+            pairs = bad[fs[bad] == i]
+            a, b = int(order[pairs[0]]), int(order[pairs[0] + 1])
             yield Finding(
-                "CK202",
-                f"{name}: {len(past)} item(s) extend past the end of the file ({size} bytes; items reach {worst}),"
-                f" e.g. {past[0][2]} — truncated",
-                name, ckpt.path, {"file_size": size, "items": len(past), "max_end": worst,
-                                  "examples": [s[2] for s in past[:MAX_LISTED]]},
+                "CK203", f"{names[i]}: {len(pairs)} overlapping stored item pair(s), e.g. {subjects[a]}"
+                f" [{starts[a]}, {ends[a]}) and {subjects[b]} [{starts[b]}, {ends[b]})", names[i], ckpt.path,
+                {"pairs": int(len(pairs))},
             )
-        spans.sort()
-        overlaps = [(a, b) for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
-        if overlaps:
-            a, b = overlaps[0]
-            yield Finding(
-                "CK203", f"{name}: {len(overlaps)} overlapping stored item pair(s), e.g. {a[2]} [{a[0]}, {a[1]}) and"
-                f" {b[2]} [{b[0]}, {b[1]})", name, ckpt.path, {"pairs": len(overlaps)},
-            )
-    referenced = set(by_file)
+    referenced = set(file_ids)
     for f in ckpt.files:
         if f.name.endswith(".distcp") and f.name not in referenced:
             yield Finding("CK204", f"{f.name}: data file not referenced by .metadata (stale leftover?)", f.name,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ckptinspect.errors import ReadError
-from ckptinspect.formats._unpickle import Obj, PickleReport, Rec, load_pickle, no_gc
+from ckptinspect.formats._unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 
 _SHARD_KEY = re.compile(r"^(?P<family>.*)/shard_(?P<offset>-?\d+(?:\.-?\d+)*)_(?P<shape>-?\d+(?:\.-?\d+)*)$")
@@ -89,6 +89,15 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
         except ReadError as e:
             raise ReadError(str(e), "CK603" if e.code == "CK603" else "CK106") from e
         state = _state(root)
+        if _plans_not_last(state, report):
+            # The fast path assumes the plans are the root's last field (Megatron sets `all_local_plans` after
+            # torch built the Metadata); anything read after them would have been discarded. Read plainly.
+            if isinstance(data, bytes):
+                root = load_pickle(data, report)
+            else:
+                data.seek(start)
+                root = load_pickle(data, report)
+            state = _state(root)
         if state is None or not isinstance(state.get("state_dict_metadata"), dict):
             what = getattr(root, "qualname", type(root).__name__)
             raise ReadError(f"not a DCP Metadata object (root is {what})", "CK106")
@@ -96,6 +105,13 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
             return _convert(root, state, report)
         except (AttributeError, TypeError, ValueError, KeyError, IndexError) as e:
             raise ReadError(f"malformed DCP Metadata: {type(e).__name__}: {e}", "CK106") from e
+
+
+def _plans_not_last(state: dict[str, Any] | None, report: PickleReport) -> bool:
+    saw_plans = any(g.endswith("SavePlan") for g in report.globals)
+    if not saw_plans:
+        return False
+    return state is None or not state or list(state)[-1] != "all_local_plans"
 
 
 def _state(o: Any) -> dict[str, Any] | None:
@@ -131,15 +147,16 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
     if not isinstance(raw_storage, dict):
         raise TypeError("storage_data is not a dict")
     for index, info in raw_storage.items():
-        ist = _state(index)
-        fst = _state(info)
-        if ist is None or fst is None or not isinstance(ist.get("fqn"), str):
+        if not isinstance(index, CRec) or not isinstance(info, CRec):
             raise TypeError("storage_data entry is not MetadataIndex -> _StorageInfo")
-        off = ist.get("offset")
-        descriptors = fst.get("transform_descriptors") or ()
-        storage[(ist["fqn"], tuple(off) if off is not None else None)] = StoredItem(
-            str(fst["relative_path"]), int(fst["offset"]), int(fst["length"]),
-            tuple(str(d) for d in descriptors) if descriptors else (),
+        ist, fst = index[0] if index else None, info[0] if info else None
+        # the compact tuple BUILD left (see CRec); `.values()` for anything else
+        fqn, off, _ = ist if type(ist) is tuple and len(ist) == 3 else index.values()
+        path, offset, length, descriptors = fst if type(fst) is tuple and len(fst) == 4 else info.values()
+        if not isinstance(fqn, str):
+            raise TypeError("MetadataIndex without an fqn")
+        storage[(fqn, tuple(off) if off is not None else None)] = StoredItem(
+            str(path), int(offset), int(length), tuple(str(d) for d in descriptors) if descriptors else (),
         )
     raw_storage.clear()
 
@@ -171,9 +188,12 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
         raw_chunks = mst.get("chunks") or []
         chunks = []
         for c in raw_chunks:
-            cst = c[0] if isinstance(c, Rec) and c else _state(c)
-            offs = tuple(cst["offsets"])  # type: ignore[index]
-            chunks.append(Chunk(offs, tuple(cst["sizes"]), get((key, offs))))  # type: ignore[index]
+            if not isinstance(c, CRec):
+                raise TypeError(f"chunk of {key!r} is not a ChunkStorageMetadata")
+            cst = c[0] if c else None
+            offs, sizes = cst if type(cst) is tuple and len(cst) == 2 else c.values()
+            offs = tuple(offs)
+            chunks.append(Chunk(offs, tuple(sizes), get((key, offs))))
         tensors.append(Tensor(key, size, _dtype(mst.get("properties")), tuple(chunks), None, mcore_data.get(key)))
         if isinstance(raw_chunks, list):
             raw_chunks.clear()
