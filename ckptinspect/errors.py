@@ -27,5 +27,17 @@ class ReadError(CkptInspectError):
         self.code = code
 
 
+class BrokenSaveDir(CkptInspectError):
+    """A save dir has no checkpoint to pick (bad tracker, tracker naming a missing iteration, no iterations).
+
+    Not a usage error: the save dir is broken. `findings` (CK100 / CK502 / CK503) say why; the CLI renders them
+    and exits 1.
+    """
+
+    def __init__(self, message: str, findings: tuple[object, ...]) -> None:
+        super().__init__(message)
+        self.findings = findings
+
+
 class LimitExceeded(ReadError):
     """Input claimed more than the reader's resource bounds allow (huge string, deep nesting, zip bomb)."""

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ckptinspect.formats._io import open_regular
 from ckptinspect.errors import ReadError
 from ckptinspect.formats._files import read_item_archive
 from ckptinspect.formats._unpickle import TensorRef
@@ -158,7 +159,7 @@ def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
     order = "<"
     bo = archive.records.get("byteorder")
     if bo is not None and 0 <= bo.data_offset and bo.size <= 16 and not bo.compressed:
-        with open(src.root / item.file, "rb") as f:
+        with open_regular(src.root / item.file) as f:
             f.seek(item.offset + bo.data_offset)
             order = ">" if f.read(bo.size).strip() == b"big" else "<"
     strides = ref.stride if count and ref.stride != _contiguous(shape) else None

@@ -1,9 +1,10 @@
-"""Pickle safety of the byte items inside `.distcp` files (rng state, extra state, optimizer misc, common state).
+"""Pickle safety of the stored items inside `.distcp` files (byte items and tensor archives).
 
 The readers already report what `.metadata`, `common.pt`, the common-state item and legacy `.pt` files reference
-(CK601 / CK602). This check unpickles every other byte item through the allowlisting unpickler — nothing is
-executed — and reports the same codes. Byte items are small, but a giant checkpoint can hold tens of thousands of
-them: without `--deep` only the first `MAX_ITEMS` are read (the rest are covered by `scan` and `audit --deep`).
+(CK601 / CK602). This check walks the opcodes of every other stored item's pickles (`scan.scan_stored_items`: no
+object is built, nothing is executed) and reports the same codes, plus CK603 for pickles past the resource bounds.
+A giant checkpoint holds millions of tensor archives: without `--deep` only the byte items (rng state, extra state,
+optimizer misc — where a hostile payload would hide) are walked, up to `MAX_ITEMS`; `--deep` and `scan` walk all.
 """
 
 from __future__ import annotations
@@ -12,31 +13,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ckptinspect.checks import CheckContext
-from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import pickle_findings, read_item_archive, regular_size
 from ckptinspect.formats.torch_dist import COMMON_STATE_KEY
-from ckptinspect.model import Checkpoint
+from ckptinspect.model import Checkpoint, Format
+from ckptinspect.scan import scan_stored_items, stored_items
 
-MAX_ITEMS = 2000
+MAX_ITEMS = 20_000
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
-    root = Path(ckpt.path)
-    items = [o for o in ckpt.objects if o.storage is not None and o.key != COMMON_STATE_KEY]
-    if not ctx.deep:
+    if ckpt.format in (None, Format.TORCH):
+        return  # legacy .pt files are unpickled (and reported) by the reader
+    if ctx.deep:
+        items = [(k, it) for k, it in stored_items(ckpt.tensors, ckpt.objects) if k != COMMON_STATE_KEY]
+    else:
+        items = [(o.key, o.storage) for o in ckpt.objects if o.storage is not None and o.key != COMMON_STATE_KEY]
         items = items[:MAX_ITEMS]
-    sizes: dict[str, int | None] = {}
-    for o in items:
-        assert o.storage is not None
-        name = o.storage.file
-        if name not in sizes:
-            sizes[name] = regular_size(root / name)
-        size = sizes[name]
-        if size is None or o.storage.end > size:
-            continue  # CK201 / CK202 say why it cannot be read
-        try:
-            archive = read_item_archive(root, o.storage)
-        except ReadError:
-            continue  # not an archive: CK205 under --deep
-        yield from pickle_findings(archive.report, o.key, ckpt.path)
+    yield from scan_stored_items(Path(ckpt.path), ckpt.path, items).findings

@@ -59,6 +59,10 @@ def _only(output: Output, allowed: tuple[Output, ...]) -> None:
                    f"(use {' | '.join(o.value for o in allowed)})")
 
 
+def _json(output: Output, command: str) -> str | None:
+    return command if output is Output.JSON else None
+
+
 def _exists(path: Path) -> None:
     if not (path.exists() or path.is_symlink()):
         usage_exit(f"{path}: no such file or directory")
@@ -147,7 +151,7 @@ def info(
             emit_text(render_info(ckpt, s))
         return exit_for(list(ckpt.findings), fail_on)
 
-    guarded(debug, body)
+    guarded(debug, body, _json(output, "info"))
 
 
 @app.command()
@@ -257,7 +261,7 @@ def coverage(
             emit_text(Group(*parts))
         return exit_for(findings, fail_on)
 
-    guarded(debug, body)
+    guarded(debug, body, _json(output, "coverage"))
 
 
 @manifest_app.command("verify")
@@ -288,7 +292,7 @@ def manifest_verify(
         _emit_manifest_report("manifest verify", report, output)
         return exit_for(list(report.findings), fail_on)
 
-    guarded(debug, body)
+    guarded(debug, body, _json(output, "manifest verify"))
 
 
 @manifest_app.command("merge")
@@ -347,7 +351,7 @@ def manifest_write(
             emit_raw(f"wrote {written.path}: {len(written.files)} file(s), {written.bytes_hashed} bytes hashed")
         return EXIT_OK
 
-    guarded(debug, body)
+    guarded(debug, body, _json(output, "manifest write"))
 
 
 @app.command()
@@ -376,7 +380,7 @@ def diff(
             emit_text(render_diff(result))
         return 1 if result.blocking else EXIT_OK
 
-    guarded(debug, body)
+    guarded(debug, body, _json(output, "diff"))
 
 
 @app.command()
@@ -420,7 +424,7 @@ def resume(
             emit_text(render_resume(pred, explain))
         return 1 if pred.verdict is Verdict.FAILS else EXIT_OK
 
-    guarded(debug, body)
+    guarded(debug, body, _json(output, "resume"))
 
 
 def _parse_shard(shard: str | None) -> tuple[int, int] | None:

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console, RenderableType
 
 from ckptinspect.checks import ProgressHook
-from ckptinspect.errors import CkptInspectError, UsageError
+from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
 from ckptinspect.findings import Finding, Severity, exceeds
 
 
@@ -73,14 +73,20 @@ def usage_exit(message: str) -> NoReturn:
 T = TypeVar("T")
 
 
-def guarded(debug: bool, body: Callable[[], int]) -> NoReturn:
-    """Run a command body; map its outcome to the exit codes of CONTRACT.md (the one error table)."""
+def guarded(debug: bool, body: Callable[[], int], json_command: str | None = None) -> NoReturn:
+    """Run a command body; map its outcome to the exit codes of CONTRACT.md (the one error table).
+
+    `json_command`: the command's name when it writes JSON, so a broken save dir still yields a JSON document.
+    """
     try:
         code = body()
     except typer.Exit:
         raise
     except UsageError as e:
         usage_exit(str(e))
+    except BrokenSaveDir as e:
+        _broken(e, json_command)
+        code = EXIT_FINDINGS
     except BrokenPipeError:
         code = EXIT_OK
     except KeyboardInterrupt:
@@ -92,6 +98,23 @@ def guarded(debug: bool, body: Callable[[], int]) -> NoReturn:
                          + ("" if debug else " (run with --debug for the traceback)") + "\n")
         code = EXIT_INTERNAL
     raise typer.Exit(code)
+
+
+def _broken(e: BrokenSaveDir, json_command: str | None) -> None:
+    """A save dir with nothing to pick: findings, exit 1 (a broken checkpoint is never a usage error)."""
+    findings = [f for f in e.findings if isinstance(f, Finding)]
+    if json_command is not None:
+        from ckptinspect.findings import status_of
+        from ckptinspect.render.json_doc import dumps, envelope, findings_list
+
+        emit_raw(dumps(envelope(json_command, {"path": findings[0].path if findings else None,
+                                               "status": status_of(findings).value,
+                                               "findings": findings_list(findings)})))
+    else:
+        err = console(stderr=True)
+        err.print(f"[red]{e}[/red]", markup=True)
+        for f in findings:
+            err.print(f"  {f.code} {f.severity.value}: {f.message}", markup=False)
 
 
 @contextmanager

@@ -10,6 +10,7 @@ from pathlib import Path
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._globals import GlobalClass
+from ckptinspect.formats._io import open_regular
 from ckptinspect.formats._unpickle import PickleReport, TorchArchive, read_torch_archive
 from ckptinspect.model import FileInfo, StoredItem
 
@@ -76,7 +77,7 @@ def read_item_archive(ckpt_dir: Path, item: StoredItem) -> TorchArchive:
         raise ReadError(f"stored item uses stream transforms {item.transforms}, not supported", "CK205")
     path = ckpt_dir / item.file
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             if item.offset < 0 or item.length < 0 or item.end > size:
                 raise ReadError(f"{item.file}: item [{item.offset}, {item.end}) past end of file ({size})", "CK202")

@@ -13,6 +13,7 @@ with the same unpickler, persistent storage ids turned into `StorageRef`s.
 
 from __future__ import annotations
 
+import _compat_pickle
 import gc
 import io
 import os
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
 from ckptinspect.errors import LimitExceeded, ReadError
+from ckptinspect.formats._io import open_regular
+from ckptinspect.formats._pickle_scan import walk_pickle
 from ckptinspect.formats._globals import (
     TORCH_DTYPES,
     TORCH_STORAGE_DTYPES,
@@ -35,6 +38,7 @@ from ckptinspect.model import dtype_size, numel
 # Resource bounds. A pickle that exceeds them is reported (CK603), never followed to an out-of-memory kill.
 MAX_PICKLE_BYTES = 4 << 30  # a 1M-chunk `.metadata` is ~300 MB
 MAX_ARCHIVE_PICKLE_BYTES = 1 << 30  # `data.pkl` inside a torch archive
+PREWALK_MAX_BYTES = 16 << 20  # pickles up to this size are opcode-walked before unpickling (~0.15 µs per byte)
 MAX_NESTING = 200  # depth `to_plain` follows (two Python frames per level: stay far below the recursion limit)
 
 
@@ -361,7 +365,12 @@ class SafeUnpickler(pickle.Unpickler):
         self._recs: dict[str, type[Rec]] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        qual = f"{module}.{name}"
+        qual = f"{module}.{name}"  # reported as the pickle spells it
+        # Python 2 names (`__builtin__.reduce` is `functools.reduce`): judge what the default unpickler would import.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         verdict = classify(module, name)
         self.report.globals[qual] = verdict
         if verdict is GlobalClass.ALLOWED:
@@ -466,9 +475,22 @@ def load_pickle(
     Raises `ReadError` (CK206) / `LimitExceeded` (CK603) on bad input. A file is streamed rather than read whole:
     a 1M-chunk `.metadata` is ~500 MB that need not sit in memory next to what it describes.
     """
+    if not isinstance(source, (bytes, memoryview)):
+        # Small files are read whole so the walk below can vet them; large ones (a big `.metadata`) stream.
+        head = source.read(PREWALK_MAX_BYTES + 1)
+        if len(head) <= PREWALK_MAX_BYTES:
+            source = head
+        else:
+            source.seek(-len(head), os.SEEK_CUR)
     if isinstance(source, (bytes, memoryview)):
         if len(source) > MAX_PICKLE_BYTES:
             raise LimitExceeded(f"pickle of {len(source)} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
+        if len(source) <= PREWALK_MAX_BYTES:
+            # CPython's unpickler sizes its memo array from the largest index a PUT names and trusts length
+            # claims: a 12-byte pickle can make it allocate gigabytes. The opcode walk (no objects built) sees it.
+            walk = walk_pickle(source)
+            if walk.limit is not None:
+                raise LimitExceeded(f"pickle exceeds resource bounds: {walk.limit}", "CK603")
         stream: IO[bytes] = io.BufferedReader(io.BytesIO(source))
     else:
         stream = source
@@ -622,7 +644,7 @@ def _data_offset(view: IO[bytes], info: zipfile.ZipInfo) -> int:
 def read_torch_file(path: str | os.PathLike[str]) -> TorchArchive:
     """Read a whole `.pt` file (`common.pt`, `model_optim_rng.pt`, `distrib_optim.pt`)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return read_torch_archive(f)
     except OSError as e:
         raise ReadError(f"cannot read {os.fspath(path)}: {e.strerror or e}", "CK206") from e

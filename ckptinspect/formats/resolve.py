@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ckptinspect.errors import UsageError
-from ckptinspect.formats.savedir import read_save_dir
+from ckptinspect.errors import BrokenSaveDir, UsageError
+from ckptinspect.findings import Finding
+from ckptinspect.formats.savedir import TRACKER, SaveDir, read_save_dir
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Kind
+
+
+def _why(save: SaveDir, label: str) -> tuple[Finding, ...]:
+    t = save.tracker
+    if t.exists and t.error is not None:
+        return (Finding("CK502", f"{TRACKER} is unparseable ({t.error})", TRACKER, label, {"raw": t.raw}),)
+    if t.exists:
+        return (Finding("CK503", f"{TRACKER} names iteration {t.iteration}, which does not exist", TRACKER, label,
+                        {"iteration": t.iteration}),)
+    return (Finding("CK100", "no checkpoint in this save dir", None, label),)
 
 
 def _join(label: str, name: str) -> str:
@@ -23,7 +34,6 @@ def resolve_checkpoint(path: Path, label: str | None = None) -> tuple[Path, str]
         save = read_save_dir(path)
         pick = save.resume_pick()
         if pick is None:
-            raise UsageError(f"{label}: save dir has no checkpoint a resume would pick (tracker: "
-                             f"{save.tracker.raw!r})")
+            raise BrokenSaveDir(f"{label}: save dir has no checkpoint a resume would pick", _why(save, label))
         return pick.path, _join(label, pick.name)
     return path, label

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptinspect.formats._io import open_regular
+
 TRACKER = "latest_checkpointed_iteration.txt"
 MAX_TRACKER_BYTES = 4096
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
@@ -66,7 +68,7 @@ def read_tracker(path: Path) -> Tracker:
     if not (f.exists() or f.is_symlink()):
         return Tracker(False, None, None, None)
     try:
-        with open(f, "rb") as fh:
+        with open_regular(f) as fh:
             data = fh.read(MAX_TRACKER_BYTES + 1)
     except OSError as e:
         return Tracker(True, None, None, f"unreadable: {e.strerror or e}")

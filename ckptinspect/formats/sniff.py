@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
+from ckptinspect.formats._io import read_small
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.formats.legacy import is_legacy_dir
 from ckptinspect.formats.savedir import TRACKER, looks_like_save_dir
 from ckptinspect.model import Format, Kind
 
+MAX_JSON_BYTES = 1 << 20  # metadata.json is ~120 bytes; a huge one is garbage, not worth reading
 FSDP_PREFIXES = ("model.module.", "optimizer.state.module.", "optimizer.param_to_group_meta.")
 
 
@@ -59,7 +61,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
     if mj.exists():
         gen = None
         try:
-            cfg = json.loads(mj.read_text(encoding="utf-8"))
+            cfg = json.loads(read_small(mj, MAX_JSON_BYTES).decode("utf-8"))
             backend = cfg.get("sharded_backend") if isinstance(cfg, dict) else None
             ev.append(f"metadata.json present (sharded_backend={backend!r})")
             if isinstance(cfg, dict):
@@ -69,7 +71,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
                     gen = "megatron-core<=0.18 (common.pt)"
                 else:
                     gen = "megatron-core>=0.19 (2-key metadata.json, common_state item)"
-        except (OSError, ValueError, UnicodeDecodeError):
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
             ev.append("metadata.json present but unreadable")
         if (path / "common.pt").exists():
             ev.append("common.pt present")
@@ -113,7 +115,7 @@ def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
     if size is None or size > (64 << 20):
         return Format.TORCH_DCP, markers
     try:
-        md = read_dcp_metadata((path / ".metadata").read_bytes())
+        md = read_dcp_metadata(read_small(path / ".metadata", 64 << 20))
     except Exception:  # noqa: BLE001 - unreadable metadata is reported by the reader; sniff falls back to DCP
         return Format.TORCH_DCP, markers
     keys = [t.key for t in md.tensors] + [o.key for o in md.objects]

@@ -17,6 +17,7 @@ from typing import Any
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import pickle_findings, read_item_archive
+from ckptinspect.formats._io import read_small
 from ckptinspect.formats._unpickle import read_torch_file, to_plain
 from ckptinspect.formats.dcp import read_dcp_dir
 from ckptinspect.formats.dcp_metadata import DcpMetadata
@@ -32,13 +33,15 @@ KNOWN_BACKENDS = frozenset({"torch_dist", "zarr", "fsdp_dtensor"})
 def read_metadata_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """Parse `metadata.json`: (config, None) or (None, why it is unreadable)."""
     try:
-        text = (path / METADATA_JSON).read_text(encoding="utf-8")
+        text = read_small(path / METADATA_JSON, 1 << 20).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         return None, f"unreadable: {getattr(e, 'strerror', None) or e}"
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         return None, f"not JSON ({e.msg} at line {e.lineno})"
+    except RecursionError:
+        return None, "not JSON (nesting too deep)"
     if not isinstance(data, dict):
         return None, f"not a JSON object ({type(data).__name__})"
     backend = data.get("sharded_backend")
