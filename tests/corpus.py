@@ -488,6 +488,15 @@ def _flip_byte(ckpt: Path, ctx: Ctx) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
+def _stale_manifest(ckpt: Path, ctx: Ctx) -> None:
+    """A second save into the same dir rewrote the data and metadata.json but left the old integrity.json
+    (Megatron's save() deletes nothing; the manifest is written last): data changed, manifest a minute older."""
+    _flip_byte(ckpt, ctx)
+    mj = ckpt / "metadata.json"
+    now = mj.stat().st_mtime
+    os.utime(ckpt / "integrity.json", (now - 60, now - 60))
+
+
 def _plain(name: str, sub: str = "") -> Callable[[Ctx], Path]:
     return lambda ctx: copy_source(ctx, name) / sub
 
@@ -544,6 +553,7 @@ CASES: tuple[Case, ...] = (
     Case("missing_common_pt", td2(_rm("common.pt")), "corrupt", S({"CK105"}), sources=TD),
     # integrity manifest (the 0.19.2 fixture has integrity.json)
     Case("manifest_byte_flip", m19(_flip_byte), "corrupt", S({"CK401"}), sources=M19),
+    Case("manifest_stale", m19(_stale_manifest), "corrupt", S({"CK401", "CK405"}), sources=M19),
     Case("manifest_file_deleted", m19(_rm("__7_0.distcp")), "corrupt", S({"CK402", "CK201"}), sources=M19),
     Case("manifest_extra_file", m19(_write("notes.txt", b"hello\n")), "complete", S({"CK403"}), sources=M19),
     Case("manifest_garbage", m19(_write("integrity.json", b"\x00garbage")), "corrupt", S({"CK404"}), sources=M19),

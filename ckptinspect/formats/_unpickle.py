@@ -592,7 +592,7 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
         raise ReadError("not a torch zip archive (no PK header)", "CK206")
     try:
         zf = zipfile.ZipFile(view)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
         raise ReadError(f"not a readable zip archive: {_short(e)}", "CK206") from e
     with zf:
         infos = zf.infolist()
