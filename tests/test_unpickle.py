@@ -31,14 +31,9 @@ from hypothesis import strategies as st
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.formats._globals import GlobalClass
 from ckptinspect.formats._pickle_scan import DYNAMIC_GLOBAL, walk_pickle
-from ckptinspect.formats._unpickle import (
-    MAX_NESTING,
-    Opaque,
-    PickleReport,
-    load_pickle,
-    read_torch_archive,
-    to_plain,
-)
+from ckptinspect.formats._plain import to_plain
+from ckptinspect.formats._unpickle import MAX_NESTING, Opaque, PickleReport, load_pickle
+from ckptinspect.formats.torch_archive import read_torch_archive
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,8 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._globals import GlobalClass
 from ckptinspect.formats._io import open_regular
-from ckptinspect.formats._unpickle import PickleReport, TorchArchive, read_torch_archive
+from ckptinspect.formats._unpickle import PickleReport
+from ckptinspect.formats.torch_archive import TorchArchive, read_torch_archive
 from ckptinspect.model import FileInfo, StoredItem
 
 _ROLES = {

@@ -7,9 +7,10 @@ would otherwise hang the tool forever), and anything that is not a regular file 
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO
 
 
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
@@ -32,3 +33,42 @@ def read_small(path: str | os.PathLike[str], limit: int) -> bytes:
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
     return data
+
+
+class FileSlice(io.RawIOBase):
+    """A read-only, seekable window [offset, offset+length) of a file: one stored item inside a `.distcp`."""
+
+    def __init__(self, f: IO[bytes], offset: int, length: int) -> None:
+        self._f = f
+        self._start = offset
+        self._len = length
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_SET:
+            new = pos
+        elif whence == os.SEEK_CUR:
+            new = self._pos + pos
+        else:
+            new = self._len + pos
+        self._pos = max(0, min(new, self._len))
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:
+        n = min(len(buf), self._len - self._pos)
+        if n <= 0:
+            return 0
+        self._f.seek(self._start + self._pos)
+        data = self._f.read(n)
+        buf[: len(data)] = data
+        self._pos += len(data)
+        return len(data)

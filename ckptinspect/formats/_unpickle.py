@@ -7,8 +7,8 @@ inert stand-ins. Allowed classes become `Obj` instances holding their pickled st
 globals become `Opaque` placeholders (CK602) and dangerous ones (`os.system`, `eval`, ...) `Opaque` placeholders
 flagged dangerous (CK601): calling a placeholder only records its arguments.
 
-torch is never imported: torch's zip archives (`torch.save`) are opened with `zipfile` and their `data.pkl` is read
-with the same unpickler, persistent storage ids turned into `StorageRef`s.
+torch is never imported. Torch zip archives are opened by `torch_archive.py`, which hands their `data.pkl` to
+`load_pickle` here; `_plain.py` turns the stand-ins into plain data.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import gc
 import io
 import os
 import pickle
-import zipfile
 from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
 from ckptinspect.errors import LimitExceeded, ReadError
-from ckptinspect.formats._io import open_regular
+from ckptinspect.formats._builders import BUILDERS, DType, StorageRef, StorageType
+from ckptinspect.formats._io import FileSlice
 from ckptinspect.formats._pickle_scan import walk_pickle
 from ckptinspect.formats._globals import (
     TORCH_DTYPES,
@@ -33,58 +33,12 @@ from ckptinspect.formats._globals import (
     GlobalClass,
     classify,
 )
-from ckptinspect.model import dtype_size, numel
 
 # Resource bounds. A pickle that exceeds them is reported (CK603), never followed to an out-of-memory kill.
 MAX_PICKLE_BYTES = 4 << 30  # a 1M-chunk `.metadata` is ~300 MB
 MAX_ARCHIVE_PICKLE_BYTES = 1 << 30  # `data.pkl` inside a torch archive
 PREWALK_MAX_BYTES = 16 << 20  # pickles up to this size are opcode-walked before unpickling (~0.15 µs per byte)
 MAX_NESTING = 200  # depth `to_plain` follows (two Python frames per level: stay far below the recursion limit)
-
-
-class DType(str):
-    """A torch dtype seen in a pickle (`torch.float32` → ``DType("float32")``)."""
-
-    __slots__ = ()
-
-
-class StorageType(str):
-    """A torch storage class seen in a pickle (`torch.FloatStorage`); the value is its element dtype."""
-
-    __slots__ = ()
-
-
-@dataclass(frozen=True, slots=True)
-class StorageRef:
-    """A persistent storage id of a torch archive: `('storage', type, key, location, numel)`."""
-
-    dtype: str
-    key: str
-    location: str
-    numel: int
-
-
-@dataclass(frozen=True, slots=True)
-class TensorRef:
-    """A tensor described, not loaded: what `torch._utils._rebuild_tensor_v2` would have built.
-
-    storage_key is the archive record (``data/<key>``) holding the bytes.
-    """
-
-    dtype: str
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    storage_key: str | None
-    storage_offset: int
-    storage_numel: int | None
-
-    @property
-    def numel(self) -> int:
-        return numel(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * (dtype_size(self.dtype) or 0)
 
 
 class Obj:
@@ -223,73 +177,6 @@ class PickleReport:
         return sorted(k for k, v in self.globals.items() if v is GlobalClass.UNKNOWN)
 
 
-class StateDict(dict):  # type: ignore[type-arg]
-    """`collections.OrderedDict` stand-in: a dict that also takes attributes (torch state dicts carry
-    `_metadata`, which pickles as a BUILD state)."""
-
-
-# --- allowed functions, re-implemented as data builders -------------------------------------------------------
-
-
-def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> TensorRef:
-    if isinstance(storage, StorageRef):
-        dtype, key, snumel = storage.dtype, storage.key, storage.numel
-    else:
-        dtype, key, snumel = "unknown", None, None
-    return TensorRef(dtype, _ints(size), _ints(stride), key, int(storage_offset), snumel)
-
-
-def _rebuild_tensor_v3(
-    storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, dtype: Any, *rest: Any
-) -> TensorRef:
-    ref = _rebuild_tensor(storage, storage_offset, size, stride)
-    if isinstance(dtype, str):
-        ref = TensorRef(str(dtype), ref.shape, ref.stride, ref.storage_key, ref.storage_offset, ref.storage_numel)
-    return ref
-
-
-def _rebuild_parameter(data: Any, *rest: Any) -> Any:
-    return data
-
-
-def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
-    if callable(func) and isinstance(args, tuple):
-        return func(*args)
-    return func
-
-
-def _ints(value: Any) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)):
-        return tuple(int(v) for v in value)
-    raise ReadError(f"expected a shape, got {type(value).__name__}", "CK206")
-
-
-def _get_layout(name: Any) -> str:
-    return str(name)
-
-
-def _device(*args: Any) -> str:
-    return ":".join(str(a) for a in args)
-
-
-def _codecs_encode(obj: Any, encoding: Any = "utf-8", *rest: Any) -> bytes:
-    # protocol-2 pickles carry bytes as `_codecs.encode(str, 'latin1')`.
-    if isinstance(obj, str) and str(encoding).lower().replace("_", "-") in ("latin1", "latin-1", "iso-8859-1"):
-        return obj.encode("latin-1")
-    raise ReadError("unsupported _codecs.encode call in pickle", "CK206")
-
-
-def _guarded(kind: type[Any]) -> Callable[..., Any]:
-    """`bytes` / `bytearray` that refuse to allocate from a claimed length (`bytes(10**12)`)."""
-
-    def build(*args: Any) -> Any:
-        if args and isinstance(args[0], int) and args[0] > (1 << 20):
-            raise LimitExceeded(f"{kind.__name__}({args[0]}) exceeds the allocation bound", "CK603")
-        return kind(*args)
-
-    return build
-
-
 def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
     if isinstance(cls, type) and issubclass(cls, Obj):
         return cls()
@@ -297,34 +184,7 @@ def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
 
 
 _FUNCTIONS: Mapping[tuple[str, str], Callable[..., Any]] = {
-    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
-    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
-    ("torch", "Size"): tuple,  # REDUCE(torch.Size, (t,)): the builtin keeps this C-speed (millions of calls)
-    ("torch.serialization", "_get_layout"): _get_layout,
-    # int-valued enums of DCP (`WriteItemType(2)`, `_MEM_FORMAT_ENCODING(1)`): their values, built in C.
-    ("torch.distributed.checkpoint.planner", "WriteItemType"): int,
-    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): int,
-    ("torch", "device"): _device,
-    ("collections", "OrderedDict"): StateDict,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("builtins", "slice"): slice,
-    ("builtins", "complex"): complex,
-    ("builtins", "bytearray"): _guarded(bytearray),
-    ("builtins", "tuple"): tuple,
-    ("builtins", "list"): list,
-    ("builtins", "dict"): dict,
-    ("builtins", "int"): int,
-    ("builtins", "float"): float,
-    ("builtins", "str"): str,
-    ("builtins", "bytes"): _guarded(bytes),
-    ("builtins", "bool"): bool,
-    ("__builtin__", "set"): set,
-    ("_codecs", "encode"): _codecs_encode,
+    **BUILDERS,
     ("copyreg", "_reconstructor"): _reconstructor,
     ("copy_reg", "_reconstructor"): _reconstructor,
 }
@@ -502,238 +362,13 @@ def load_pickle(
     except ReadError:
         raise
     except Exception as e:  # noqa: BLE001 - any decoding failure of untrusted bytes is a finding, not a crash
-        raise ReadError(f"not a readable pickle: {type(e).__name__}: {_short(e)}", "CK206") from e
+        raise ReadError(f"not a readable pickle: {type(e).__name__}: {short_error(e)}", "CK206") from e
 
 
-def _short(e: BaseException) -> str:
+def short_error(e: BaseException) -> str:
     text = str(e)
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-# --- torch zip archives ----------------------------------------------------------------------------------------
-
-
-class _Slice(io.RawIOBase):
-    """A read-only, seekable window [offset, offset+length) of a file: one stored item inside a `.distcp`."""
-
-    def __init__(self, f: IO[bytes], offset: int, length: int) -> None:
-        self._f = f
-        self._start = offset
-        self._len = length
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
-        if whence == os.SEEK_SET:
-            new = pos
-        elif whence == os.SEEK_CUR:
-            new = self._pos + pos
-        else:
-            new = self._len + pos
-        self._pos = max(0, min(new, self._len))
-        return self._pos
-
-    def readinto(self, buf: Any) -> int:
-        n = min(len(buf), self._len - self._pos)
-        if n <= 0:
-            return 0
-        self._f.seek(self._start + self._pos)
-        data = self._f.read(n)
-        buf[: len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveRecord:
-    """One member of a torch archive: name (without the archive prefix), stored size, offset of its data."""
-
-    name: str
-    size: int
-    compressed: bool
-    data_offset: int  # offset of the member's bytes inside the archive (-1 when the local header is unreadable)
-
-
-@dataclass(frozen=True, slots=True)
-class TorchArchive:
-    """A `torch.save` zip archive, read without torch: its records and the unpickled `data.pkl` (stand-ins)."""
-
-    prefix: str
-    records: Mapping[str, ArchiveRecord]
-    obj: Any
-    report: PickleReport
-
-
-def is_zip_archive(head: bytes) -> bool:
-    return head[:4] == b"PK\x03\x04"
-
-
-def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None) -> TorchArchive:
-    """Read the torch archive at [offset, offset+length) of `f` (whole file when length is None).
-
-    Raises `ReadError` (CK206/CK205) when it is not a torch zip archive, `LimitExceeded` on a zip bomb.
-    """
-    if length is None:
-        f.seek(0, os.SEEK_END)
-        length = f.tell() - offset
-    view = io.BufferedReader(_Slice(f, offset, length))
-    head = view.peek(4)[:4]
-    if not is_zip_archive(head):
-        if head[:1] == b"\x80":
-            raise ReadError("legacy (pre-1.6, non-zip) torch serialization is not supported", "CK206")
-        raise ReadError("not a torch zip archive (no PK header)", "CK206")
-    try:
-        zf = zipfile.ZipFile(view)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
-        raise ReadError(f"not a readable zip archive: {_short(e)}", "CK206") from e
-    with zf:
-        infos = zf.infolist()
-        pkl = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
-        if not pkl:
-            pkl = [i for i in infos if i.filename == "data.pkl"]
-        if not pkl:
-            raise ReadError("zip archive without data.pkl (not a torch.save archive)", "CK206")
-        info = pkl[0]
-        prefix = info.filename[: -len("data.pkl")]
-        records = {
-            i.filename[len(prefix) :]: ArchiveRecord(
-                i.filename[len(prefix) :], i.file_size, i.compress_type != zipfile.ZIP_STORED,
-                _data_offset(view, i),
-            )
-            for i in infos
-            if i.filename.startswith(prefix)
-        }
-        if info.file_size > MAX_ARCHIVE_PICKLE_BYTES:
-            raise LimitExceeded(f"data.pkl claims {info.file_size} bytes", "CK603")
-        try:
-            with zf.open(info) as member:
-                data = member.read(MAX_ARCHIVE_PICKLE_BYTES + 1)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
-            raise ReadError(f"data.pkl unreadable: {_short(e)}", "CK206") from e
-        except RuntimeError as e:  # encrypted members
-            raise ReadError(f"data.pkl unreadable: {_short(e)}", "CK206") from e
-        if len(data) > MAX_ARCHIVE_PICKLE_BYTES:
-            raise LimitExceeded("data.pkl decompresses past the bound (zip bomb?)", "CK603")
-    report = PickleReport()
-    obj = load_pickle(data, report)
-    return TorchArchive(prefix, records, obj, report)
-
-
-def _data_offset(view: IO[bytes], info: zipfile.ZipInfo) -> int:
-    """Where a member's bytes start: after its 30-byte local header, file name and extra field."""
-    try:
-        view.seek(info.header_offset)
-        head = view.read(30)
-    except (OSError, ValueError):
-        return -1
-    if len(head) < 30 or head[:4] != b"PK\x03\x04":
-        return -1
-    name_len = int.from_bytes(head[26:28], "little")
-    extra_len = int.from_bytes(head[28:30], "little")
-    return info.header_offset + 30 + name_len + extra_len
-
-
-def read_torch_file(path: str | os.PathLike[str]) -> TorchArchive:
-    """Read a whole `.pt` file (`common.pt`, `model_optim_rng.pt`, `distrib_optim.pt`)."""
-    try:
-        with open_regular(path) as f:
-            return read_torch_archive(f)
-    except OSError as e:
-        raise ReadError(f"cannot read {os.fspath(path)}: {e.strerror or e}", "CK206") from e
-
-
-# --- plain data -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OpaqueValue:
-    """A value the tool kept opaque (an object of a non-builtin class): its class and a short summary."""
-
-    qualname: str
-    summary: str
-
-    def __str__(self) -> str:
-        return f"<{self.qualname}>" if not self.summary else f"<{self.qualname} {self.summary}>"
-
-
-def to_plain(obj: Any) -> Any:
-    """`_to_plain` with Python's own recursion limit also reported as a resource bound (CK603)."""
-    try:
-        return _to_plain(obj, 0)
-    except RecursionError as e:
-        raise LimitExceeded("object nesting exceeds the interpreter's recursion limit", "CK603") from e
-
-
-def _to_plain(obj: Any, depth: int = 0) -> Any:
-    """Convert unpickled stand-ins into plain data: dicts, lists, tuples, scalars, `TensorRef`, `OpaqueValue`.
-
-    `argparse.Namespace` becomes a dict; a Megatron enum member becomes its value's string. Raises
-    `LimitExceeded` when nesting is deeper than `MAX_NESTING`.
-    """
-    if depth > MAX_NESTING:
-        raise LimitExceeded(f"object nesting deeper than {MAX_NESTING}", "CK603")
-    if obj is None or isinstance(obj, (bool, int, float, complex, TensorRef, StorageRef)):
-        return obj
-    if isinstance(obj, (DType, StorageType)):
-        return str(obj)
-    if isinstance(obj, (str, bytes)):
-        return obj
-    if isinstance(obj, bytearray):
-        return bytes(obj)
-    if isinstance(obj, dict):
-        return {_key(_to_plain(k, depth + 1)): _to_plain(v, depth + 1) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_plain(v, depth + 1) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_to_plain(v, depth + 1) for v in obj)
-    if isinstance(obj, (set, frozenset)):
-        return sorted((_to_plain(v, depth + 1) for v in obj), key=repr)
-    if isinstance(obj, Obj):
-        q = obj.qualname
-        if q == "argparse.Namespace":
-            return {str(k): _to_plain(v, depth + 1) for k, v in obj.__dict__.items() if not k.startswith("_")}
-        args = obj.__dict__.get("_args")
-        if args is not None and len(args) == 1 and isinstance(args[0], (int, str, float)) and len(obj.__dict__) == 1:
-            # Enum members pickle as `EnumClass(value)`.
-            return OpaqueValue(q, repr(args[0]))
-        return OpaqueValue(q, "")
-    if isinstance(obj, slice):
-        return repr(obj)
-    return OpaqueValue(type(obj).__name__, "")
-
-
-def _key(k: Any) -> Any:
-    try:
-        hash(k)
-        return k
-    except TypeError:
-        return repr(k)
-
-
-def walk_tensors(obj: Any, prefix: str = "") -> list[tuple[str, TensorRef]]:
-    """`(dotted.path, TensorRef)` for every tensor inside plain data (state dicts); deep nesting is CK603."""
-    try:
-        return list(_walk_tensors(obj, prefix, 0))
-    except RecursionError as e:
-        raise LimitExceeded("object nesting exceeds the interpreter's recursion limit", "CK603") from e
-
-
-def _walk_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, TensorRef]]:
-    if depth > MAX_NESTING:
-        raise LimitExceeded(f"object nesting deeper than {MAX_NESTING}", "CK603")
-    if isinstance(obj, TensorRef):
-        yield prefix, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _walk_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
+# Kept for `scan.py`, which slices stored items the same way.
+_Slice = FileSlice
