@@ -10,97 +10,42 @@ being read, and only regular files are opened (a FIFO or device named by the man
 
 Verification never writes to the checkpoint. Hashing runs on a thread pool (hashlib and `readinto` release the GIL),
 biggest files first, each thread reading into one reused buffer, so memory is bounded by ``workers × 4 MiB``.
+
+The hashing lives in `_hashing.py`; the report types and the merge of shard reports in `manifest_report.py`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import json
 import os
 import re
 import secrets
 import stat
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ckptinspect._hashing import hash_many, stat_entry
 from ckptinspect.checks import ProgressHook
 from ckptinspect.errors import ReadError, UsageError
 from ckptinspect.findings import CODES, Finding, Status, status_of
+# Re-exported so `from ckptinspect.manifest import ...` keeps working after the split.
+from ckptinspect._hashing import ALGORITHM as ALGORITHM, default_workers as default_workers  # noqa: F401
+from ckptinspect.manifest_report import (  # noqa: F401 - re-exports
+    FileResult as FileResult,
+    ManifestReport as ManifestReport,
+    merge_reports as merge_reports,
+    sizes_from_report as sizes_from_report,
+)
 
 MANIFEST_NAME = "integrity.json"  # Megatron's INTEGRITY_FNAME
-ALGORITHM = "sha256"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-_CHUNK = 4 * 1024 * 1024
 _MAX_MANIFEST_BYTES = 128 * 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")  # Megatron compares `hexdigest()` strings exactly: lowercase only
 _STALE_CODE = "CK405"  # proposed: manifest older than metadata.json; emitted only once the code table has it
 _STALE_TOLERANCE_S = 2.0  # coarse mtime granularity (FAT, some network filesystems)
-
-
-@dataclass(frozen=True, slots=True)
-class FileResult:
-    """The verdict on one manifest entry.
-
-    name: the manifest key (a basename, or a relative POSIX path in a recursive manifest).
-    expected: the digest the manifest lists.
-    actual: the digest computed, or None when the file was not (fully) read.
-    size: bytes on disk, or None when missing / not a regular file.
-    ok: True when `actual == expected`.
-    """
-
-    name: str
-    expected: str
-    actual: str | None
-    size: int | None
-    ok: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "expected": self.expected, "actual": self.actual, "size": self.size, "ok": self.ok}
-
-
-@dataclass(frozen=True, slots=True)
-class ManifestReport:
-    """Result of verifying one manifest (or one shard of it, or several merged shard reports).
-
-    status: the status the findings imply (`complete` when everything verified or there is no manifest).
-    findings: CK400–CK404 (and CK405 once it is in the code table), in the order they were found.
-    files_checked: manifest entries judged by this run (missing ones included).
-    bytes_hashed: bytes read through SHA-256.
-    manifest_path: the manifest verified, None after a merge of reports that disagree.
-    manifest_sha256: digest of the manifest's bytes, so shard reports can prove they verified the same manifest.
-    files: per-entry results in manifest order.
-    shard: ``(K, N)`` when only shard K of N was verified, None for a full run.
-    path: the checkpoint as the user named it (the findings' `path`).
-    """
-
-    status: Status
-    findings: tuple[Finding, ...]
-    files_checked: int
-    bytes_hashed: int
-    manifest_path: str | None
-    files: tuple[FileResult, ...] = ()
-    shard: tuple[int, int] | None = None
-    manifest_sha256: str | None = None
-    path: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The `manifest verify` JSON keys of CONTRACT.md plus extras (`manifest`, `shard`, `files`, ...)."""
-        return {
-            "status": self.status.value,
-            "findings": [f.to_dict() for f in self.findings],
-            "files_checked": self.files_checked,
-            "bytes_hashed": self.bytes_hashed,
-            "path": self.path,
-            "manifest": self.manifest_path,
-            "manifest_sha256": self.manifest_sha256,
-            "algorithm": ALGORITHM,
-            "shard": list(self.shard) if self.shard is not None else None,
-            "files": [r.to_dict() for r in self.files],
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,96 +55,6 @@ class WrittenManifest:
     path: str
     files: tuple[tuple[str, str], ...]
     bytes_hashed: int
-
-
-# --- hashing ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Hashed:
-    digest: str | None  # None: could not be read
-    size: int
-    error: str | None
-
-
-_local = threading.local()
-
-
-def _hash_file(path: str, tick: _Ticker | None) -> _Hashed:
-    """Whole-file SHA-256 of a regular file through this thread's reused buffer; OSError becomes `error`."""
-    buf: bytearray | None = getattr(_local, "buf", None)
-    if buf is None:
-        buf = _local.buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    h = hashlib.sha256()
-    total = 0
-    try:
-        # O_NONBLOCK: if the entry was swapped for a FIFO after the stat, open must not wait for a writer.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-        with open(fd, "rb", buffering=0, closefd=True) as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return _Hashed(None, 0, "not a regular file")
-            _advise_sequential(fd)
-            while n := f.readinto(view):
-                h.update(view[:n])
-                total += n
-                if tick is not None:
-                    tick.add(n)
-    except OSError as e:
-        return _Hashed(None, total, f"{type(e).__name__}: {e.strerror or e}")
-    return _Hashed(h.hexdigest(), total, None)
-
-
-def _advise_sequential(fd: int) -> None:
-    """Ask for aggressive read-ahead; a filesystem that refuses the hint is no reason to fail."""
-    if hasattr(os, "posix_fadvise"):
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        except OSError:
-            pass
-
-
-class _Ticker:
-    """Byte counter shared by the workers; the calling thread turns it into progress calls."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending = 0
-
-    def add(self, n: int) -> None:
-        with self._lock:
-            self._pending += n
-
-    def take(self) -> int:
-        with self._lock:
-            n, self._pending = self._pending, 0
-            return n
-
-
-def default_workers() -> int:
-    """Threads for hashing: the CPUs this process may use, at most 16 (memory stays ≤ 64 MiB of buffers)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(16, cpus))
-
-
-def _hash_many(
-    jobs: Sequence[tuple[str, str, int]], workers: int | None, progress: ProgressHook | None, what: str
-) -> dict[str, _Hashed]:
-    """Hash `(key, path, size)` jobs, biggest first (longest-processing-time), reporting progress from this thread."""
-    if not jobs:
-        return {}
-    ordered = sorted(jobs, key=lambda j: (-j[2], j[0]))
-    total = sum(j[2] for j in ordered)
-    tick = _Ticker() if progress is not None else None
-    nthreads = max(1, min(workers or default_workers(), len(ordered)))
-    with cf.ThreadPoolExecutor(max_workers=nthreads, thread_name_prefix="ckptinspect-sha256") as pool:
-        futures = {pool.submit(_hash_file, path, tick): key for key, path, _ in ordered}
-        pending: set[cf.Future[_Hashed]] = set(futures)
-        while pending:
-            _, pending = cf.wait(pending, timeout=0.1, return_when=cf.FIRST_COMPLETED)
-            if progress is not None and tick is not None and (n := tick.take()):
-                progress(n, total, what)
-    return {futures[f]: f.result() for f in futures}
 
 
 # --- reading and checking the manifest -------------------------------------------------------------------------------
@@ -279,21 +134,6 @@ def shard_of(name: str, n: int) -> int:
     return int.from_bytes(h[:8], "big") % n
 
 
-def _stat_entry(path: str) -> tuple[int | None, str | None]:
-    """(size, None) for a regular file (symlinks followed), else (None, why it cannot be hashed)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None, "broken symlink" if os.path.islink(path) else "file missing"
-    except OSError as e:  # ELOOP, EACCES on a parent, ENAMETOOLONG ...
-        return None, f"unreadable ({type(e).__name__}: {e.strerror or e})"
-    if stat.S_ISDIR(st.st_mode):
-        return None, "is a directory"
-    if not stat.S_ISREG(st.st_mode):
-        return None, "not a regular file (FIFO, socket or device)"
-    return st.st_size, None
-
-
 def _mismatch(name: str, expected: str, actual: str, label: str, size: int) -> Finding:
     return _f("CK401", f"{name}: hash mismatch (expected {expected[:16]}..., got {actual[:16]}...)", name, label,
               expected=expected[:16], actual=actual[:16], expected_sha256=expected, actual_sha256=actual, size=size)
@@ -310,7 +150,7 @@ def _unlisted(ckpt_dir: Path, listed: Mapping[str, str], manifest: Path, label: 
     for entry in entries:
         if entry.name == MANIFEST_NAME or entry.name in names or _same_file(entry, manifest):
             continue
-        if _stat_entry(str(entry))[0] is not None:
+        if stat_entry(str(entry))[0] is not None:
             out.append(_f("CK403", f"{entry.name} is not listed in the integrity manifest", entry.name, label))
     return out
 
@@ -373,7 +213,7 @@ def verify_manifest(
     results: dict[str, FileResult] = {}
     jobs: list[tuple[str, str, int]] = []
     for name, expected in mine.items():
-        size, why = _stat_entry(os.path.join(ckpt_dir, name))
+        size, why = stat_entry(os.path.join(ckpt_dir, name))
         if size is None:
             findings.append(_f("CK402", f"{name}: {why}", name, label, reason=why))
             results[name] = FileResult(name, expected, None, None, False)
@@ -388,7 +228,7 @@ def verify_manifest(
         else:
             jobs.append((name, os.path.join(ckpt_dir, name), size))
 
-    hashed = _hash_many(jobs, workers, progress, f"sha256 {label}")
+    hashed = hash_many(jobs, workers, progress, f"sha256 {label}")
     for name, _, _ in jobs:  # report in manifest order, whatever order the threads finished in
         h, expected = hashed[name], mine[name]
         if h.digest is None:
@@ -407,100 +247,6 @@ def verify_manifest(
     ordered = tuple(results[n] for n in mine)
     return ManifestReport(status_of(findings), tuple(findings), len(mine), sum(h.size for h in hashed.values()),
                           str(mpath), ordered, shard, mdigest, label)
-
-
-def sizes_from_report(report: Mapping[str, Any]) -> dict[str, int]:
-    """Sizes of the files an earlier `ManifestReport.to_dict()` found matching, for `verify_manifest(known_sizes=)`."""
-    out: dict[str, int] = {}
-    for r in report.get("files") or ():
-        if isinstance(r, Mapping) and r.get("ok") is True and isinstance(r.get("size"), int):
-            out[str(r.get("name"))] = int(r["size"])
-    return out
-
-
-# --- merging shard reports -------------------------------------------------------------------------------------------
-
-
-def _finding_from(d: Any) -> Finding | None:
-    if not isinstance(d, Mapping) or d.get("code") not in CODES or not isinstance(d.get("message"), str):
-        return None
-    subject, path, details = d.get("subject"), d.get("path"), d.get("details")
-    return Finding(str(d["code"]), d["message"], subject if isinstance(subject, str) else None,
-                   path if isinstance(path, str) else None, dict(details) if isinstance(details, Mapping) else {})
-
-
-def _file_from(d: Any) -> FileResult | None:
-    if not isinstance(d, Mapping) or not isinstance(d.get("name"), str) or not isinstance(d.get("expected"), str):
-        return None
-    actual, size = d.get("actual"), d.get("size")
-    return FileResult(d["name"], d["expected"], actual if isinstance(actual, str) else None,
-                      size if isinstance(size, int) else None, d.get("ok") is True)
-
-
-def merge_reports(reports: Sequence[Mapping[str, Any]]) -> ManifestReport:
-    """One verdict from the `to_dict()` reports of the N shard runs (`--shard K/N`), or of one full run.
-
-    Reports that cannot be combined are CK404 findings, never exceptions: a shard K of N absent or present twice,
-    shard counts N that differ, reports of different manifests, a report that is not a report.
-    """
-    findings: list[Finding] = []
-    seen: set[tuple[str, str | None, str]] = set()
-    files: list[FileResult] = []
-    checked = hashed = 0
-    shards: dict[tuple[int, int], int] = {}
-    counts: set[int] = set()
-    manifests: set[tuple[Any, Any]] = set()
-
-    labels = {r.get("path") for r in reports if isinstance(r, Mapping)}
-    label = labels.pop() if len(labels) == 1 else None
-    where = label if isinstance(label, str) else None
-
-    def problem(message: str, **details: Any) -> None:
-        findings.append(Finding("CK404", message, None, where, details))
-
-    for i, rep in enumerate(reports):
-        fc, bh = (rep.get("files_checked"), rep.get("bytes_hashed")) if isinstance(rep, Mapping) else (None, None)
-        if not isinstance(fc, int) or not isinstance(bh, int) or not isinstance(rep.get("findings"), list):
-            problem(f"report #{i} is not a manifest verify report", report=i)
-            continue
-        raw_shard = rep.get("shard")
-        k, n = (raw_shard[0], raw_shard[1]) if isinstance(raw_shard, (list, tuple)) and len(raw_shard) == 2 else (0, 1)
-        if not (isinstance(k, int) and isinstance(n, int) and 0 <= k < n):
-            problem(f"report #{i} has an invalid shard {raw_shard!r}", report=i)
-            continue
-        if (k, n) in shards:
-            problem(f"shard {k}/{n} reported more than once (reports #{shards[k, n]} and #{i})", shard=[k, n])
-            continue
-        shards[k, n] = i
-        counts.add(n)
-        manifests.add((rep.get("manifest"), rep.get("manifest_sha256")))
-        checked, hashed = checked + fc, hashed + bh
-        for fd in rep["findings"]:
-            f = _finding_from(fd)
-            if f is None:
-                problem(f"report #{i} holds an unreadable finding", report=i, finding=repr(fd)[:200])
-            elif (f.code, f.subject, f.message) not in seen:
-                seen.add((f.code, f.subject, f.message))
-                findings.append(f)
-        files += [r for r in map(_file_from, rep.get("files") or ()) if r is not None]
-    if not shards:
-        problem("no shard reports to merge")
-    elif len(counts) > 1:
-        problem(f"shard reports disagree on the shard count: {sorted(counts)}", counts=sorted(counts))
-    else:
-        n = counts.pop()
-        missing = [k for k in range(n) if (k, n) not in shards]
-        for k in missing:
-            problem(f"shard {k}/{n} report missing: its files were not verified", shard=[k, n])
-    digests = {m[1] for m in manifests}
-    if len(digests) > 1:
-        problem("shard reports verified different manifests", manifests=sorted(str(m) for m in manifests))
-    paths = {m[0] for m in manifests}
-    mpath = paths.pop() if len(paths) == 1 else None
-    mdigest = digests.pop() if len(digests) == 1 else None
-    return ManifestReport(status_of(findings), tuple(findings), checked, hashed,
-                          mpath if isinstance(mpath, str) else None, tuple(files), None,
-                          mdigest if isinstance(mdigest, str) else None, where)
 
 
 # --- writing ---------------------------------------------------------------------------------------------------------
@@ -546,11 +292,11 @@ def write_manifest(
     listing = _listing(ckpt_dir, target, recursive)
     sizes: dict[str, int] = {}
     for key, path in listing:
-        size, why = _stat_entry(path)
+        size, why = stat_entry(path)
         if size is None:
             raise ReadError(f"cannot hash {key}: {why}", code="CK402")
         sizes[key] = size
-    hashed = _hash_many([(k, p, sizes[k]) for k, p in listing], workers, progress, f"sha256 {ckpt_dir}")
+    hashed = hash_many([(k, p, sizes[k]) for k, p in listing], workers, progress, f"sha256 {ckpt_dir}")
     for key, _ in listing:
         if hashed[key].digest is None:
             raise ReadError(f"cannot hash {key}: {hashed[key].error}", code="CK402")
