@@ -17,16 +17,16 @@ Each pickle is walked by `_pickle_scan.walk_pickle` (nothing is unpickled, impor
 classified by `_globals.classify`: dangerous → CK601, outside the allowlist → CK602. A pickle or archive beyond
 the resource bounds is CK603; one that cannot be walked (truncated, not an archive) gets the reader's code for that
 location (CK106 `.metadata`, CK205 stored item, CK206 `.pt` file).
+
+This module walks files and directories; walking one container (raw pickle, zip archive, nested archives,
+unreferenced bytes) is `formats/_archives.py`.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import stat
-import zipfile
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,56 +34,26 @@ from typing import IO, Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of
-from ckptinspect.formats._globals import GlobalClass
-from ckptinspect.formats._pickle_scan import PickleWalk, is_pickle_start, walk_pickle
-from ckptinspect.formats._unpickle import MAX_ARCHIVE_PICKLE_BYTES, MAX_PICKLE_BYTES, _Slice
+from ckptinspect.formats._archives import ContainerScan, Where
+from ckptinspect.formats._pickle_scan import walk_pickle
+from ckptinspect.formats._unpickle import MAX_PICKLE_BYTES
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.model import ObjectItem, StoredItem, Tensor
+# Moved to formats/_archives.py; re-exported so `from ckptinspect.scan import ...` keeps working.
+from ckptinspect.formats._archives import (  # noqa: F401 - re-exports
+    MAX_FALLBACK_BYTES as MAX_FALLBACK_BYTES,
+    MAX_MEMBERS as MAX_MEMBERS,
+    MAX_NESTED as MAX_NESTED,
+    MAX_NESTED_BYTES as MAX_NESTED_BYTES,
+    ZIP_END as ZIP_END,
+    ZIP_LOCAL as ZIP_LOCAL,
+    PickleScan as PickleScan,
+)
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_DEPTH = 8  # directory levels below the scanned path
 MAX_ENTRIES = 200_000  # directory entries visited in one scan
-MAX_NESTED = 3  # zip archives inside zip archives
-MAX_MEMBERS = 100_000  # members of one archive
-MAX_NESTED_BYTES = 256 << 20  # a compressed nested archive is inflated in memory up to this
-MAX_FALLBACK_BYTES = 4 << 30  # unreferenced .distcp bytes searched for archives, per file
-ZIP_LOCAL = b"PK\x03\x04"
-ZIP_END = b"PK\x05\x06"
 _ITER_NAME = re.compile(r"^(iter_\d+|release|step[-_]\d+)$")
-_STORAGE_DIR = re.compile(r"(^|/)data/[^/]+$")  # torch archive storages: raw tensor bytes, never unpickled
-
-
-@dataclass(frozen=True, slots=True)
-class PickleScan:
-    """One pickle that was walked.
-
-    subject: what it is inside its checkpoint (``.metadata``, ``common.pt``, an item key such as
-      ``common_state/shard_0_1``, a tensor chunk ``key@offsets``), ``!member`` appended for extra archive members.
-    file: the file holding it, relative to the scanned path.
-    offset / length: where the container (the whole file, or the stored item) lies in `file`.
-    member: the archive member that is the pickle (``archive/data.pkl``), None for a raw pickle.
-    globals: every global it references → ``allowed`` / ``unknown`` / ``dangerous``.
-    problem: why the walk stopped early (truncated, bound hit), or None.
-    """
-
-    subject: str
-    file: str
-    offset: int
-    length: int
-    member: str | None
-    globals: Mapping[str, str]
-    segments: int = 1
-    problem: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "subject": self.subject, "file": self.file, "offset": self.offset, "length": self.length,
-            "member": self.member, "globals": dict(self.globals), "segments": self.segments,
-            "problem": self.problem,
-        }
-
-    def names(self, verdict: GlobalClass) -> list[str]:
-        return sorted(q for q, v in self.globals.items() if v == verdict.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,168 +77,12 @@ class ScanReport:
 
 
 @dataclass(slots=True)
-class _Where:
-    """Where a container lies: its checkpoint (label, for findings), subject, file (relative to the scan root)."""
+class _Scan(ContainerScan):
+    """One scan in progress: the containers (`ContainerScan`) plus the walk over files and directories."""
 
-    label: str
-    subject: str
-    file: str
-    offset: int
-    length: int
-    unreadable_code: str | None  # the code for "cannot be walked"; None = a note only (unreferenced bytes)
-    in_file: bool = False  # a region of a data file (a stored item), not a whole file
-
-
-@dataclass(slots=True)
-class _Scan:
-    """One scan in progress: collected pickles and findings."""
-
-    label: str
-    pickles: list[PickleScan] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
     entries: int = 0
     visited: set[tuple[int, int]] = field(default_factory=set)  # directories walked (symlink loops)
     located: set[tuple[int, int]] = field(default_factory=set)  # data files scanned through `.metadata` items
-
-    # --- findings ----------------------------------------------------------------------------------------------
-
-    def problem(self, where: _Where, message: str, code: str | None) -> None:
-        if code is None:
-            return
-        self.findings.append(Finding(code, f"{where.subject}: {message}", where.subject, where.label,
-                                     {"file": where.file, "offset": where.offset, "length": where.length}))
-
-    def walked(self, where: _Where, member: str | None, walk: PickleWalk, size: int) -> None:
-        """Record one walked pickle and its findings."""
-        subject = where.subject if member is None or _is_main_pickle(member) else f"{where.subject}!{member}"
-        verdicts = walk.globals
-        self.pickles.append(PickleScan(subject, where.file, where.offset, where.length, member,
-                                       {q: v.value for q, v in verdicts.items()}, walk.segments,
-                                       walk.limit or walk.error))
-        loc = where.file + (f" [{where.offset}, +{where.length})" if where.in_file else "")
-        loc += f" {member}" if member else ""
-        details: dict[str, Any] = {"file": where.file, "offset": where.offset, "length": where.length}
-        if member:
-            details["member"] = member
-        dangerous = sorted(q for q, v in verdicts.items() if v is GlobalClass.DANGEROUS)
-        unknown = sorted(q for q, v in verdicts.items() if v is GlobalClass.UNKNOWN)
-        if dangerous:
-            self.findings.append(Finding(
-                "CK601", f"{subject}: pickle in {loc} references dangerous callable(s) {', '.join(dangerous)}"
-                " (not executed)", subject, where.label, {**details, "globals": dangerous}))
-        if unknown:
-            self.findings.append(Finding(
-                "CK602", f"{subject}: pickle in {loc} references global(s) outside the allowlist: "
-                f"{', '.join(unknown)} (kept opaque, not executed)", subject, where.label,
-                {**details, "globals": unknown}))
-        if walk.limit is not None:
-            self.findings.append(Finding("CK603", f"{subject}: pickle in {loc} exceeds the scanner's bounds: "
-                                         f"{walk.limit}", subject, where.label, {**details, "pickle_bytes": size}))
-        elif walk.error is not None:
-            self.problem(where, f"pickle{' ' + member if member else ''} cannot be walked to its end: {walk.error}",
-                         where.unreadable_code)
-
-    # --- containers --------------------------------------------------------------------------------------------
-
-    def container(self, f: IO[bytes], where: _Where) -> bool:
-        """Scan the bytes [offset, offset+length) of `f`: a zip archive, or a raw pickle. False when it is neither
-        or cannot be opened."""
-        f.seek(where.offset)
-        head = f.read(min(4, where.length))
-        if head[:4] == ZIP_LOCAL:
-            return self.archive(f, where, 0)
-        if is_pickle_start(head[:2]):
-            if where.length > MAX_PICKLE_BYTES:
-                self.bound(where, f"pickle of {where.length} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
-                return True
-            f.seek(where.offset)
-            data = f.read(where.length)
-            self.walked(where, None, walk_pickle(data), len(data))
-            return True
-        if not head:
-            self.problem(where, "empty: no archive and no pickle", where.unreadable_code)
-        else:
-            self.problem(where, f"neither a torch zip archive nor a pickle (starts with {head[:4]!r})",
-                         where.unreadable_code)
-        return False
-
-    def bound(self, where: _Where, message: str) -> None:
-        self.findings.append(Finding("CK603", f"{where.subject}: {message}", where.subject, where.label,
-                                     {"file": where.file, "offset": where.offset, "length": where.length}))
-
-    def archive(self, f: IO[bytes], where: _Where, depth: int) -> bool:
-        """Scan a zip archive: its `.pkl` members, and members that are archives themselves."""
-        view = io.BufferedReader(_Slice(f, where.offset, where.length))
-        try:
-            zf = zipfile.ZipFile(view)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError,
-                KeyError, UnicodeDecodeError) as e:
-            self.problem(where, f"not a readable zip archive ({_short(e)})", where.unreadable_code)
-            return False
-        with zf:
-            infos = zf.infolist()
-            if len(infos) > MAX_MEMBERS:
-                self.bound(where, f"archive has {len(infos)} members (bound {MAX_MEMBERS})")
-                return True
-            pickles = [i for i in infos if i.filename.endswith(".pkl")]
-            if not pickles and depth == 0:
-                self.problem(where, "zip archive without a .pkl member (not a torch.save archive)",
-                             where.unreadable_code)
-            for info in pickles:
-                self.member_pickle(zf, info, where)
-            for info in infos:
-                # A nested archive needs at least a local header and an end record; torch's own small members
-                # (`version`, `byteorder`, ...) and its storages (`data/N`, raw tensor bytes) are skipped.
-                if info.file_size < 22 + 30 or info.filename.endswith(".pkl") or _STORAGE_DIR.search(info.filename):
-                    continue
-                self.nested(f, zf, info, where, depth)
-        return True
-
-    def member_pickle(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: _Where) -> None:
-        name = info.filename
-        if info.file_size > MAX_ARCHIVE_PICKLE_BYTES:
-            self.bound(where, f"{name} claims {info.file_size} bytes uncompressed (bound "
-                              f"{MAX_ARCHIVE_PICKLE_BYTES}; zip bomb?)")
-            return
-        data = _read_member(zf, info, MAX_ARCHIVE_PICKLE_BYTES)
-        if isinstance(data, str):
-            self.problem(where, f"{name} unreadable: {data}", where.unreadable_code)
-            return
-        if len(data) > MAX_ARCHIVE_PICKLE_BYTES:
-            self.bound(where, f"{name} inflates past {MAX_ARCHIVE_PICKLE_BYTES} bytes (zip bomb?)")
-            return
-        self.walked(where, name, walk_pickle(data), len(data))
-
-    def nested(self, f: IO[bytes], zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: _Where, depth: int) -> None:
-        """A member that is itself a zip archive (a `torch.save` stored inside an archive) is scanned too."""
-        try:
-            with zf.open(info) as m:
-                head = m.read(4)
-        except Exception:  # noqa: BLE001 - any failure of a non-pickle member: nothing to scan there
-            return
-        if head != ZIP_LOCAL:
-            return
-        inner = _Where(where.label, f"{where.subject}!{info.filename}", where.file, where.offset, where.length,
-                       where.unreadable_code)
-        if depth + 1 > MAX_NESTED:
-            self.bound(inner, f"archives nested deeper than {MAX_NESTED}")
-            return
-        if info.compress_type == zipfile.ZIP_STORED:
-            start = _member_data_offset(f, where.offset, info)
-            if start is not None and start + info.file_size <= where.offset + where.length:
-                self.archive(f, _Where(inner.label, inner.subject, inner.file, start, info.file_size,
-                                       inner.unreadable_code), depth + 1)
-                return
-        if info.file_size > MAX_NESTED_BYTES:
-            self.bound(inner, f"compressed nested archive of {info.file_size} bytes (bound {MAX_NESTED_BYTES})")
-            return
-        data = _read_member(zf, info, MAX_NESTED_BYTES)
-        if isinstance(data, str) or len(data) > MAX_NESTED_BYTES:
-            self.problem(inner, f"nested archive unreadable: {data if isinstance(data, str) else 'too large'}",
-                         where.unreadable_code)
-            return
-        self.archive(io.BytesIO(data), _Where(inner.label, inner.subject, inner.file, 0, len(data),
-                                              inner.unreadable_code), depth + 1)
 
     # --- files and directories ---------------------------------------------------------------------------------
 
@@ -358,7 +172,7 @@ class _Scan:
             return None
         with f:
             size = os.fstat(f.fileno()).st_size
-            where = _Where(label, subject, _join_rel(rel, p.name), 0, size, code)
+            where = Where(label, subject, _join_rel(rel, p.name), 0, size, code)
             if size > MAX_PICKLE_BYTES:
                 self.bound(where, f"pickle of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
                 return None
@@ -379,7 +193,7 @@ class _Scan:
             return
         with f:
             size = os.fstat(f.fileno()).st_size
-            where = _Where(label, subject, _join_rel(rel, p.name), 0, size, "CK206")
+            where = Where(label, subject, _join_rel(rel, p.name), 0, size, "CK206")
             try:
                 self.container(f, where)
             except OSError as e:
@@ -399,7 +213,7 @@ class _Scan:
                 self.located.add((st.st_dev, st.st_ino))
         if f is None:
             if items:
-                where = _Where(label, prefix + name, file_rel, 0, 0, "CK201")
+                where = Where(label, prefix + name, file_rel, 0, 0, "CK201")
                 self.problem(where, f"data file named by .metadata for {len(items)} item(s) is missing or not a "
                                     "regular file: its items were not scanned", "CK201")
             return
@@ -407,7 +221,7 @@ class _Scan:
             size = os.fstat(f.fileno()).st_size
             covered: list[tuple[int, int]] = []
             for key, item in sorted(items, key=lambda x: (x[1].offset, x[0])):
-                where = _Where(label, key, file_rel, item.offset, item.length, "CK205", in_file=True)
+                where = Where(label, key, file_rel, item.offset, item.length, "CK205", in_file=True)
                 if item.offset < 0 or item.length < 0 or item.end > size:
                     self.problem(where, f"stored item [{item.offset}, {item.end}) lies past the end of {name} "
                                         f"({size} bytes)", "CK202")
@@ -424,29 +238,6 @@ class _Scan:
             if gaps:
                 for start, end in _gaps(covered, size):
                     self.unreferenced(f, label, prefix + name, file_rel, start, end)
-
-    def unreferenced(self, f: IO[bytes], label: str, subject: str, file_rel: str, start: int, end: int) -> None:
-        """Bytes of a data file no stored item covers (no `.metadata`, stale bytes): torch writes items as zip
-        archives back to back, so each candidate runs from a local header to an end record. A candidate that does
-        not open (an end-record signature inside tensor bytes) is skipped without a finding."""
-        if end - start > MAX_FALLBACK_BYTES:
-            self.bound(_Where(label, subject, file_rel, start, end - start, None),
-                       f"{end - start} unreferenced bytes: only the first {MAX_FALLBACK_BYTES} are searched")
-            end = start + MAX_FALLBACK_BYTES
-        cur = start
-        for rec_at in _find_all(f, ZIP_END, start, end):
-            if rec_at < cur:
-                continue
-            f.seek(rec_at + 20)
-            clen = f.read(2)
-            stop = rec_at + 22 + (int.from_bytes(clen, "little") if len(clen) == 2 else 0)
-            if stop > end:
-                continue
-            begin = _find(f, ZIP_LOCAL, cur, rec_at)
-            if begin is None:
-                continue
-            if self.archive(f, _Where(label, f"{subject}@{begin}", file_rel, begin, stop - begin, None, True), 0):
-                cur = stop
 
 
 # --- public API ----------------------------------------------------------------------------------------------------
@@ -525,28 +316,6 @@ def _items_by_file(data: bytes) -> dict[str, list[tuple[str, StoredItem]]]:
     return out
 
 
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, bound: int) -> bytes | str:
-    """At most bound+1 bytes of an archive member, or why it cannot be read."""
-    try:
-        with zf.open(info) as m:
-            return m.read(bound + 1)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, zlib.error,
-            KeyError, UnicodeDecodeError) as e:
-        return _short(e)
-
-
-def _member_data_offset(f: IO[bytes], base: int, info: zipfile.ZipInfo) -> int | None:
-    """Absolute offset of a stored member's bytes: after its 30-byte local header, name and extra field."""
-    try:
-        f.seek(base + info.header_offset)
-        head = f.read(30)
-    except (OSError, ValueError):
-        return None
-    if len(head) < 30 or head[:4] != ZIP_LOCAL:
-        return None
-    return base + info.header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30],
-                                                                                                  "little")
-
 
 def _gaps(covered: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int]]:
     """Byte ranges of [0, size) outside every covered range (at least 22 bytes: room for a zip end record)."""
@@ -559,36 +328,6 @@ def _gaps(covered: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int]
         yield pos, size
 
 
-def _find_all(f: IO[bytes], needle: bytes, start: int, end: int, block: int = 1 << 20) -> Iterator[int]:
-    """Every offset of `needle` in [start, end) of `f`, read block by block (bounded memory)."""
-    pos = start
-    keep = len(needle) - 1
-    while pos < end:
-        f.seek(pos)
-        chunk = f.read(min(block, end - pos))
-        if not chunk:
-            return
-        i = chunk.find(needle)
-        while i >= 0:
-            yield pos + i
-            i = chunk.find(needle, i + 1)
-        if pos + len(chunk) >= end:
-            return
-        pos += max(1, len(chunk) - keep)
-
-
-def _find(f: IO[bytes], needle: bytes, start: int, end: int) -> int | None:
-    pos = start
-    while pos < end:
-        f.seek(pos)
-        chunk = f.read(min(1 << 20, end - pos + len(needle) - 1))
-        i = chunk.find(needle)
-        if i >= 0 and pos + i < end:
-            return pos + i
-        if len(chunk) < len(needle):
-            return None
-        pos += len(chunk) - len(needle) + 1
-    return None
 
 
 def _join(label: str, name: str) -> str:
@@ -597,13 +336,3 @@ def _join(label: str, name: str) -> str:
 
 def _join_rel(rel: str, name: str) -> str:
     return f"{rel}/{name}" if rel else name
-
-
-def _is_main_pickle(member: str) -> bool:
-    """`data.pkl` at the top of a torch archive (``archive/data.pkl``): the pickle `torch.load` reads."""
-    return member == "data.pkl" or (member.endswith("/data.pkl") and member.count("/") == 1)
-
-
-def _short(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}"
-    return text if len(text) <= 200 else text[:200] + "..."
