@@ -21,7 +21,8 @@ from typing import IO, Any
 from ckptinspect.findings import Finding
 from ckptinspect.formats._globals import GlobalClass
 from ckptinspect.formats._pickle_scan import PickleWalk, is_pickle_start, walk_pickle
-from ckptinspect.formats._unpickle import MAX_ARCHIVE_PICKLE_BYTES, MAX_PICKLE_BYTES, _Slice
+from ckptinspect.formats._io import FileSlice
+from ckptinspect.formats._unpickle import MAX_ARCHIVE_PICKLE_BYTES, MAX_PICKLE_BYTES
 
 MAX_NESTED = 3  # zip archives inside zip archives
 MAX_MEMBERS = 100_000  # members of one archive
@@ -154,7 +155,7 @@ class ContainerScan:
 
     def archive(self, f: IO[bytes], where: Where, depth: int) -> bool:
         """Scan a zip archive: its `.pkl` members, and members that are archives themselves."""
-        view = io.BufferedReader(_Slice(f, where.offset, where.length))
+        view = io.BufferedReader(FileSlice(f, where.offset, where.length))
         try:
             zf = zipfile.ZipFile(view)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError,

@@ -25,7 +25,6 @@ from typing import IO, Any, ClassVar
 
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.formats._builders import BUILDERS, DType, StorageRef, StorageType
-from ckptinspect.formats._io import FileSlice
 from ckptinspect.formats._pickle_scan import walk_pickle
 from ckptinspect.formats._globals import (
     TORCH_DTYPES,
@@ -369,6 +368,3 @@ def short_error(e: BaseException) -> str:
     text = str(e)
     return text if len(text) <= 200 else text[:200] + "..."
 
-
-# Kept for `scan.py`, which slices stored items the same way.
-_Slice = FileSlice

@@ -129,7 +129,8 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
     topology, layout = topology_from(args, None, grid)
     iteration = first_state.get("iteration") if first_state else None
     common = (
-        {k: v for k, v in first_state.items() if k not in ("args", "model", "optimizer") and not k.startswith("model")}
+        {k: v for k, v in first_state.items()
+         if isinstance(k, str) and k not in ("args", "model", "optimizer") and not k.startswith("model")}
         if first_state
         else None
     )

@@ -27,7 +27,23 @@ def envelope(command: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def dumps(doc: Mapping[str, Any]) -> str:
-    return json.dumps(doc, indent=2, default=_default, ensure_ascii=False)
+    try:
+        return json.dumps(doc, indent=2, default=_default, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        # Checkpoint content (args, common state) can hold what strict JSON cannot: tuple keys, NaN, infinity.
+        return json.dumps(_str_keys(doc, 0), indent=2, default=_default, ensure_ascii=False, allow_nan=False)
+
+
+def _str_keys(o: Any, depth: int) -> Any:
+    if depth > 100:
+        return repr(o)[:200]
+    if isinstance(o, Mapping):
+        return {k if isinstance(k, str) else repr(k): _str_keys(v, depth + 1) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_str_keys(v, depth + 1) for v in o]
+    if isinstance(o, float) and (o != o or o in (float("inf"), float("-inf"))):
+        return repr(o)
+    return o
 
 
 def _default(o: Any) -> Any:
