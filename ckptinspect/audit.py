@@ -19,7 +19,7 @@ from ckptinspect.errors import UsageError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of, worst_status
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.savedir import SaveDir, read_save_dir
-from ckptinspect.formats.resolve import resolve_checkpoint
+from ckptinspect.formats.resolve import resolve_checkpoint as resolve_checkpoint  # re-exported (tests, callers)
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Checkpoint, Kind
 from ckptinspect.summary import Summary, summarize

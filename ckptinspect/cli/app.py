@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,12 +16,16 @@ from ckptinspect.cli.shell import (
     IgnoreOpt,
     Output,
     OutputOpt,
+    PathArg,
     SelectOpt,
     emit_raw,
     emit_text,
     exit_for,
     guarded,
+    json_command,
+    only,
     progress_bar,
+    require_exists,
     usage_exit,
 )
 
@@ -33,11 +36,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-manifest_app = typer.Typer(help="SHA-256 integrity manifests (Megatron's integrity.json).", no_args_is_help=True)
-app.add_typer(manifest_app, name="manifest")
-
-PathArg = Annotated[Path, typer.Argument(help="a save dir or one checkpoint")]
-
 
 def _version(value: bool) -> None:
     if value:
@@ -53,21 +51,6 @@ def _root(
     """ckptinspect: is this checkpoint whole, and what will a resume restore?"""
 
 
-def _only(output: Output, allowed: tuple[Output, ...]) -> None:
-    if output not in allowed:
-        usage_exit(f"--output {output.value} is not available for this command "
-                   f"(use {' | '.join(o.value for o in allowed)})")
-
-
-def _json(output: Output, command: str) -> str | None:
-    return command if output is Output.JSON else None
-
-
-def _exists(path: Path) -> None:
-    if not (path.exists() or path.is_symlink()):
-        usage_exit(f"{path}: no such file or directory")
-
-
 @app.command()
 def sniff(path: PathArg, output: OutputOpt = Output.TEXT, debug: DebugOpt = False) -> None:
     """Say what PATH is: save dir or checkpoint, its format, the evidence, the producer generation."""
@@ -75,8 +58,8 @@ def sniff(path: PathArg, output: OutputOpt = Output.TEXT, debug: DebugOpt = Fals
     def body() -> int:
         from ckptinspect.formats.sniff import sniff as do_sniff
 
-        _only(output, (Output.TEXT, Output.JSON))
-        _exists(path)
+        only(output, (Output.TEXT, Output.JSON))
+        require_exists(path)
         r = do_sniff(path, str(path))
         if output is Output.JSON:
             from ckptinspect.render.json_doc import dumps, envelope
@@ -103,7 +86,7 @@ def ls_cmd(
     def body() -> int:
         from ckptinspect.audit import list_save_dir
 
-        _only(output, (Output.TEXT, Output.JSON))
+        only(output, (Output.TEXT, Output.JSON))
         listing = list_save_dir(path, str(path))
         if output is Output.JSON:
             from ckptinspect.render.json_doc import dumps, ls_doc
@@ -133,7 +116,7 @@ def info(
         from ckptinspect.formats import read_checkpoint
         from ckptinspect.summary import summarize
 
-        _only(output, (Output.TEXT, Output.JSON))
+        only(output, (Output.TEXT, Output.JSON))
         ckpt_path, label = resolve_checkpoint(path, str(path))
         ckpt = read_checkpoint(ckpt_path, label)
         s = summarize(ckpt)
@@ -151,7 +134,7 @@ def info(
             emit_text(render_info(ckpt, s))
         return exit_for(list(ckpt.findings), fail_on)
 
-    guarded(debug, body, _json(output, "info"))
+    guarded(debug, body, json_command(output, "info"))
 
 
 @app.command()
@@ -217,7 +200,7 @@ def coverage(
         from ckptinspect.checks.coverage import findings_for, tensor_coverage
         from ckptinspect.formats import read_checkpoint
 
-        _only(output, (Output.TEXT, Output.JSON))
+        only(output, (Output.TEXT, Output.JSON))
         ckpt_path, label = resolve_checkpoint(path, str(path))
         ckpt = read_checkpoint(ckpt_path, label)
         tensors = list(ckpt.tensors)
@@ -261,97 +244,7 @@ def coverage(
             emit_text(Group(*parts))
         return exit_for(findings, fail_on)
 
-    guarded(debug, body, _json(output, "coverage"))
-
-
-@manifest_app.command("verify")
-def manifest_verify(
-    path: PathArg,
-    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="manifest file (default: integrity.json)")]
-    = None,
-    shard: Annotated[Optional[str], typer.Option("--shard", help="K/N: verify the K-th (0-based) of N slices")] = None,
-    workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads (default: cores)")] = None,
-    output: OutputOpt = Output.TEXT,
-    fail_on: FailOnOpt = FailOn.ERROR,
-    debug: DebugOpt = False,
-) -> None:
-    """Verify a SHA-256 manifest (the checkpoint's own integrity.json by default)."""
-
-    def body() -> int:
-        from ckptinspect.formats.resolve import resolve_checkpoint
-        from ckptinspect.manifest import verify_manifest
-
-        _only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
-        ckpt_path, label = resolve_checkpoint(path, str(path))
-        if manifest is not None and not manifest.exists():
-            usage_exit(f"--manifest {manifest}: no such file")
-        shard_t = _parse_shard(shard)
-        with progress_bar(output is Output.TEXT, "sha256") as hook:
-            report = verify_manifest(ckpt_path, manifest, shard=shard_t, workers=workers, progress=hook,
-                                     path_label=label)
-        _emit_manifest_report("manifest verify", report, output)
-        return exit_for(list(report.findings), fail_on)
-
-    guarded(debug, body, _json(output, "manifest verify"))
-
-
-@manifest_app.command("merge")
-def manifest_merge(
-    reports: Annotated[list[Path], typer.Argument(help="JSON reports of `manifest verify --shard K/N -o json`")],
-    output: OutputOpt = Output.TEXT,
-    fail_on: FailOnOpt = FailOn.ERROR,
-    debug: DebugOpt = False,
-) -> None:
-    """Combine the JSON reports of sharded verifications into one verdict."""
-
-    def body() -> int:
-        from ckptinspect.manifest import merge_reports
-
-        _only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
-        docs = []
-        for p in reports:
-            try:
-                docs.append(json.loads(p.read_text(encoding="utf-8")))
-            except (OSError, ValueError) as e:
-                usage_exit(f"{p}: not a readable JSON report ({e})")
-        report = merge_reports(docs)
-        _emit_manifest_report("manifest merge", report, output)
-        return exit_for(list(report.findings), fail_on)
-
-    guarded(debug, body)
-
-
-@manifest_app.command("write")
-def manifest_write(
-    path: PathArg,
-    out: Annotated[Optional[Path], typer.Option("--out", help="where to write (default: CKPT/integrity.json)")]
-    = None,
-    recursive: Annotated[bool, typer.Option("--recursive", help="also list files in sub-dirs")] = False,
-    workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads")] = None,
-    output: OutputOpt = Output.TEXT,
-    debug: DebugOpt = False,
-) -> None:
-    """Write a SHA-256 manifest in Megatron's integrity.json schema (atomically)."""
-
-    def body() -> int:
-        from ckptinspect.formats.resolve import resolve_checkpoint
-        from ckptinspect.manifest import write_manifest
-
-        _only(output, (Output.TEXT, Output.JSON))
-        ckpt_path, label = resolve_checkpoint(path, str(path))
-        with progress_bar(output is Output.TEXT, "sha256") as hook:
-            written = write_manifest(ckpt_path, out, recursive=recursive, workers=workers, progress=hook)
-        if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, envelope
-
-            emit_raw(dumps(envelope("manifest write", {"path": label, "manifest": written.path,
-                                                       "files": dict(written.files),
-                                                       "bytes_hashed": written.bytes_hashed})))
-        else:
-            emit_raw(f"wrote {written.path}: {len(written.files)} file(s), {written.bytes_hashed} bytes hashed")
-        return EXIT_OK
-
-    guarded(debug, body, _json(output, "manifest write"))
+    guarded(debug, body, json_command(output, "coverage"))
 
 
 @app.command()
@@ -367,7 +260,7 @@ def diff(
     def body() -> int:
         from ckptinspect.diff import diff_paths
 
-        _only(output, (Output.TEXT, Output.JSON))
+        only(output, (Output.TEXT, Output.JSON))
         with progress_bar(output is Output.TEXT and values, "values") as hook:
             result = diff_paths(a, b, values=values, progress=hook, a_label=str(a), b_label=str(b))
         if output is Output.JSON:
@@ -380,7 +273,7 @@ def diff(
             emit_text(render_diff(result))
         return 1 if result.blocking else EXIT_OK
 
-    guarded(debug, body, _json(output, "diff"))
+    guarded(debug, body, json_command(output, "diff"))
 
 
 @app.command()
@@ -408,7 +301,7 @@ def resume(
         from ckptinspect.formats import read_checkpoint
         from ckptinspect.resume import ResumeTarget, Verdict, predict_resume
 
-        _only(output, (Output.TEXT, Output.JSON))
+        only(output, (Output.TEXT, Output.JSON))
         ckpt_path, label = resolve_checkpoint(path, str(path))
         target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                               vocab_size=vocab_size, finetune=finetune, no_load_optim=no_load_optim,
@@ -424,49 +317,13 @@ def resume(
             emit_text(render_resume(pred, explain))
         return 1 if pred.verdict is Verdict.FAILS else EXIT_OK
 
-    guarded(debug, body, _json(output, "resume"))
+    guarded(debug, body, json_command(output, "resume"))
 
 
-def _parse_shard(shard: str | None) -> tuple[int, int] | None:
-    if shard is None:
-        return None
-    try:
-        k, n = (int(x) for x in shard.split("/", 1))
-    except ValueError:
-        usage_exit(f"--shard {shard!r}: expected K/N, e.g. 0/4")
-    if not (n > 0 and 0 <= k < n):
-        usage_exit(f"--shard {shard!r}: need 0 <= K < N")
-    return k, n
+from ckptinspect.cli.manifest_cmd import register as _register_manifest  # noqa: E402 - after the app exists
+from ckptinspect.cli.scan_cmd import register as _register_scan  # noqa: E402
 
-
-def _emit_manifest_report(command: str, report: object, output: Output) -> None:
-    from ckptinspect.manifest import ManifestReport
-
-    assert isinstance(report, ManifestReport)
-    if output is Output.JSON:
-        from ckptinspect.render.json_doc import dumps, envelope
-
-        emit_raw(dumps(envelope(command, report.to_dict())))
-    elif output is Output.JUNIT:
-        from ckptinspect.render.junit import findings_junit
-
-        emit_raw(findings_junit(command, list(report.findings)))
-    else:
-        from rich.console import Group
-        from rich.text import Text
-
-        from ckptinspect.render.text import render_findings, status_text
-
-        head = Text.assemble(("verdict: ", "bold"), status_text(report.status),
-                             f"   {report.files_checked} file(s) checked, {report.bytes_hashed} bytes hashed")
-        parts: list[object] = [head]
-        if report.findings:
-            parts.append(render_findings(list(report.findings)))
-        emit_text(Group(*parts))  # type: ignore[arg-type]
-
-
-from ckptinspect.cli.scan_cmd import register as _register_scan  # noqa: E402 - after the app exists
-
+_register_manifest(app)
 _register_scan(app)
 
 

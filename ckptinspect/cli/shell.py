@@ -8,6 +8,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
 
 import typer
@@ -42,6 +43,7 @@ FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="exit 1 on findings
 SelectOpt = Annotated[list[str] | None, typer.Option("--select", help="only findings whose code starts with this")]
 IgnoreOpt = Annotated[list[str] | None, typer.Option("--ignore", help="drop findings whose code starts with this")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks of internal errors")]
+PathArg = Annotated[Path, typer.Argument(help="a save dir or one checkpoint")]
 
 
 def console(stderr: bool = False) -> Console:
@@ -134,3 +136,18 @@ def progress_bar(enabled: bool, description: str) -> Iterator[ProgressHook | Non
             bar.update(task, advance=advance, total=total, description=desc)
 
         yield hook
+
+
+def only(output: Output, allowed: tuple[Output, ...]) -> None:
+    if output not in allowed:
+        usage_exit(f"--output {output.value} is not available for this command "
+                   f"(use {' | '.join(o.value for o in allowed)})")
+
+
+def json_command(output: Output, command: str) -> str | None:
+    return command if output is Output.JSON else None
+
+
+def require_exists(path: Path) -> None:
+    if not (path.exists() or path.is_symlink()):
+        usage_exit(f"{path}: no such file or directory")

@@ -1,0 +1,162 @@
+"""`manifest verify | merge | write`: SHA-256 integrity manifests in Megatron's `integrity.json` schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ckptinspect.cli.shell import (
+    EXIT_OK,
+    DebugOpt,
+    FailOn,
+    FailOnOpt,
+    Output,
+    OutputOpt,
+    PathArg,
+    emit_raw,
+    emit_text,
+    exit_for,
+    guarded,
+    json_command,
+    only,
+    progress_bar,
+    usage_exit,
+)
+
+manifest_app = typer.Typer(help="SHA-256 integrity manifests (Megatron's integrity.json).", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `manifest` command group to `app`."""
+    app.add_typer(manifest_app, name="manifest")
+
+
+@manifest_app.command("verify")
+def manifest_verify(
+    path: PathArg,
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="manifest file (default: integrity.json)")]
+    = None,
+    shard: Annotated[Optional[str], typer.Option("--shard", help="K/N: verify the K-th (0-based) of N slices")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads (default: cores)")] = None,
+    output: OutputOpt = Output.TEXT,
+    fail_on: FailOnOpt = FailOn.ERROR,
+    debug: DebugOpt = False,
+) -> None:
+    """Verify a SHA-256 manifest (the checkpoint's own integrity.json by default)."""
+
+    def body() -> int:
+        from ckptinspect.formats.resolve import resolve_checkpoint
+        from ckptinspect.manifest import verify_manifest
+
+        only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
+        ckpt_path, label = resolve_checkpoint(path, str(path))
+        if manifest is not None and not manifest.exists():
+            usage_exit(f"--manifest {manifest}: no such file")
+        shard_t = _parse_shard(shard)
+        with progress_bar(output is Output.TEXT, "sha256") as hook:
+            report = verify_manifest(ckpt_path, manifest, shard=shard_t, workers=workers, progress=hook,
+                                     path_label=label)
+        _emit_manifest_report("manifest verify", report, output)
+        return exit_for(list(report.findings), fail_on)
+
+    guarded(debug, body, json_command(output, "manifest verify"))
+
+
+@manifest_app.command("merge")
+def manifest_merge(
+    reports: Annotated[list[Path], typer.Argument(help="JSON reports of `manifest verify --shard K/N -o json`")],
+    output: OutputOpt = Output.TEXT,
+    fail_on: FailOnOpt = FailOn.ERROR,
+    debug: DebugOpt = False,
+) -> None:
+    """Combine the JSON reports of sharded verifications into one verdict."""
+
+    def body() -> int:
+        from ckptinspect.manifest import merge_reports
+
+        only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
+        docs = []
+        for p in reports:
+            try:
+                docs.append(json.loads(p.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as e:
+                usage_exit(f"{p}: not a readable JSON report ({e})")
+        report = merge_reports(docs)
+        _emit_manifest_report("manifest merge", report, output)
+        return exit_for(list(report.findings), fail_on)
+
+    guarded(debug, body)
+
+
+@manifest_app.command("write")
+def manifest_write(
+    path: PathArg,
+    out: Annotated[Optional[Path], typer.Option("--out", help="where to write (default: CKPT/integrity.json)")]
+    = None,
+    recursive: Annotated[bool, typer.Option("--recursive", help="also list files in sub-dirs")] = False,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads")] = None,
+    output: OutputOpt = Output.TEXT,
+    debug: DebugOpt = False,
+) -> None:
+    """Write a SHA-256 manifest in Megatron's integrity.json schema (atomically)."""
+
+    def body() -> int:
+        from ckptinspect.formats.resolve import resolve_checkpoint
+        from ckptinspect.manifest import write_manifest
+
+        only(output, (Output.TEXT, Output.JSON))
+        ckpt_path, label = resolve_checkpoint(path, str(path))
+        with progress_bar(output is Output.TEXT, "sha256") as hook:
+            written = write_manifest(ckpt_path, out, recursive=recursive, workers=workers, progress=hook)
+        if output is Output.JSON:
+            from ckptinspect.render.json_doc import dumps, envelope
+
+            emit_raw(dumps(envelope("manifest write", {"path": label, "manifest": written.path,
+                                                       "files": dict(written.files),
+                                                       "bytes_hashed": written.bytes_hashed})))
+        else:
+            emit_raw(f"wrote {written.path}: {len(written.files)} file(s), {written.bytes_hashed} bytes hashed")
+        return EXIT_OK
+
+    guarded(debug, body, json_command(output, "manifest write"))
+
+
+def _parse_shard(shard: str | None) -> tuple[int, int] | None:
+    if shard is None:
+        return None
+    try:
+        k, n = (int(x) for x in shard.split("/", 1))
+    except ValueError:
+        usage_exit(f"--shard {shard!r}: expected K/N, e.g. 0/4")
+    if not (n > 0 and 0 <= k < n):
+        usage_exit(f"--shard {shard!r}: need 0 <= K < N")
+    return k, n
+
+
+def _emit_manifest_report(command: str, report: object, output: Output) -> None:
+    from ckptinspect.manifest import ManifestReport
+
+    assert isinstance(report, ManifestReport)
+    if output is Output.JSON:
+        from ckptinspect.render.json_doc import dumps, envelope
+
+        emit_raw(dumps(envelope(command, report.to_dict())))
+    elif output is Output.JUNIT:
+        from ckptinspect.render.junit import findings_junit
+
+        emit_raw(findings_junit(command, list(report.findings)))
+    else:
+        from rich.console import Group
+        from rich.text import Text
+
+        from ckptinspect.render.text import render_findings, status_text
+
+        head = Text.assemble(("verdict: ", "bold"), status_text(report.status),
+                             f"   {report.files_checked} file(s) checked, {report.bytes_hashed} bytes hashed")
+        parts: list[object] = [head]
+        if report.findings:
+            parts.append(render_findings(list(report.findings)))
+        emit_text(Group(*parts))  # type: ignore[arg-type]
