@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -29,6 +29,9 @@ from ckptinspect.cli.shell import (
     usage_exit,
 )
 
+if TYPE_CHECKING:
+    from ckptinspect.model import Checkpoint
+
 app = typer.Typer(
     name="ckptinspect",
     help="Inspect and validate Megatron-LM / PyTorch DCP checkpoints offline: no GPU, no torch, no code execution.",
@@ -41,6 +44,15 @@ def _version(value: bool) -> None:
     if value:
         emit_raw(f"ckptinspect {__version__}")
         raise typer.Exit(EXIT_OK)
+
+
+def _read_one(path: Path) -> Checkpoint:
+    """The checkpoint PATH names (a save dir stands for the one a resume would pick), read."""
+    from ckptinspect.formats import read_checkpoint
+    from ckptinspect.formats.resolve import resolve_checkpoint
+
+    ckpt_path, label = resolve_checkpoint(path, str(path))
+    return read_checkpoint(ckpt_path, label)
 
 
 @app.callback()
@@ -112,13 +124,10 @@ def info(
     """Summary (format, iteration, topology, optimizer sharding, bytes) and the tensor / object table."""
 
     def body() -> int:
-        from ckptinspect.formats.resolve import resolve_checkpoint
-        from ckptinspect.formats import read_checkpoint
         from ckptinspect.summary import summarize
 
         only(output, (Output.TEXT, Output.JSON))
-        ckpt_path, label = resolve_checkpoint(path, str(path))
-        ckpt = read_checkpoint(ckpt_path, label)
+        ckpt = _read_one(path)
         s = summarize(ckpt)
         if csv is not None:
             from ckptinspect.render.frames import write_tensor_csv
@@ -196,13 +205,11 @@ def coverage(
     """Per-tensor coverage; for one tensor, a picture of its chunk grid with gaps and overlaps marked."""
 
     def body() -> int:
-        from ckptinspect.formats.resolve import resolve_checkpoint
         from ckptinspect.checks.coverage import findings_for, tensor_coverage
-        from ckptinspect.formats import read_checkpoint
 
         only(output, (Output.TEXT, Output.JSON))
-        ckpt_path, label = resolve_checkpoint(path, str(path))
-        ckpt = read_checkpoint(ckpt_path, label)
+        ckpt = _read_one(path)
+        label = ckpt.path
         tensors = list(ckpt.tensors)
         if keys:
             by_key = {t.key: t for t in tensors}
@@ -297,16 +304,14 @@ def resume(
     """Predict what a resume with that topology and those flags restores, drops, or fails on."""
 
     def body() -> int:
-        from ckptinspect.formats.resolve import resolve_checkpoint
-        from ckptinspect.formats import read_checkpoint
         from ckptinspect.resume import ResumeTarget, Verdict, predict_resume
 
         only(output, (Output.TEXT, Output.JSON))
-        ckpt_path, label = resolve_checkpoint(path, str(path))
+        ckpt = _read_one(path)
         target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                               vocab_size=vocab_size, finetune=finetune, no_load_optim=no_load_optim,
                               no_load_rng=no_load_rng)
-        pred = predict_resume(read_checkpoint(ckpt_path, label), target)
+        pred = predict_resume(ckpt, target)
         if output is Output.JSON:
             from ckptinspect.render.json_doc import dumps, envelope
 
