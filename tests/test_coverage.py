@@ -89,8 +89,8 @@ def test_real_checkpoint_covers_exactly() -> None:
     assert sum(c.chunks for c in covs) == 583
 
 
-def test_many_chunks_stays_fast_enough_to_finish() -> None:
-    # 200k 1-D chunks: must complete (correctness at scale; speed is measured in benchmarks/, not asserted here)
+def test_200k_1d_chunks_cover_exactly() -> None:
+    # correctness at scale only: speed is measured by benchmarks/bench_coverage.py, never asserted in tests
     n = 200_000
     t = tensor((n * 3,), *(((i * 3,), (3,)) for i in range(n)))
     assert tensor_coverage(t).ok
