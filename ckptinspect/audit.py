@@ -8,7 +8,6 @@ findings (CONTRACT.md "Status of a checkpoint").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -141,9 +140,6 @@ def _join(label: str, name: str) -> str:
     return f"{label.rstrip('/')}/{name}"
 
 
-def audit_many(paths: Sequence[Path], opts: AuditOptions) -> list[AuditReport]:
-    return [audit(p, opts) for p in paths]
-
 
 @dataclass(frozen=True, slots=True)
 class IterationRow:
@@ -194,8 +190,9 @@ def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | Non
         a = audit_checkpoint(it.path, _join(label, it.name), opts, False, save.style == "megatron", it.name)
         statuses[it.name] = a.status
         c = a.checkpoint
+        files = _all_files(it.path)
         rows.append(IterationRow(it.name, it.iteration, c.format.value if c.format else None, a.status,
-                                 sum(f.size or 0 for f in _all_files(it.path)), len(_all_files(it.path)),
+                                 sum(f.size or 0 for f in files), len(files),
                                  tracked is not None and tracked.name == it.name,
                                  tuple(sorted({f.code for f in a.findings}))))
     findings = tuple(tracker.run(save, statuses, label))

@@ -11,6 +11,7 @@ The registry is the literal `READERS` table below. Every reader has the same con
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ckptinspect.findings import Finding
@@ -70,9 +71,5 @@ def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     extra = dict(ckpt.extra)
     extra["evidence"] = list(sniff.evidence)
     extra["sniff_state"] = sniff.state
-    return Checkpoint(
-        path=ckpt.path, format=ckpt.format, generation=ckpt.generation or sniff.generation,
-        iteration=ckpt.iteration, tensors=ckpt.tensors, objects=ckpt.objects, files=ckpt.files, args=ckpt.args,
-        common=ckpt.common, topology=ckpt.topology, optimizer_sharding=ckpt.optimizer_sharding,
-        rank_items=ckpt.rank_items, findings=state_findings + ckpt.findings, extra=extra,
-    )
+    return replace(ckpt, generation=ckpt.generation or sniff.generation, findings=state_findings + ckpt.findings,
+                   extra=extra)

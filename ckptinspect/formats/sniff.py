@@ -142,17 +142,6 @@ def path_kind(path: Path) -> Kind:
     return Kind.CHECKPOINT
 
 
-def is_megatron_save_dir(path: Path) -> bool:
-    return (path / TRACKER).exists() or any(p.name.startswith("iter_") or p.name == "release"
-                                             for p in _safe_dirs(path))
-
-
-def _safe_dirs(path: Path) -> list[Path]:
-    try:
-        return [p for p in path.iterdir() if p.is_dir()]
-    except OSError:
-        return []
-
 
 @dataclass(frozen=True, slots=True)
 class SniffReport:
