@@ -403,8 +403,10 @@ def test_deep_nesting_pickles_walk_without_recursion(tmp_path: Path) -> None:
     (save / "iter_0000001" / ".metadata").write_bytes(deep)
     (save / "iter_0000001" / "common.pt").write_bytes(torch_zip(b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"."))
     report = scan_path(save, "s")
-    assert report.findings == ()
-    assert all(p.problem is None for p in report.pickles)
+    # Walked without recursion, and the nesting is bounded (issue 18): CK603 for both, nothing else.
+    assert sorted(f.code for f in report.findings) == ["CK603", "CK603"], report.findings
+    assert all("nesting deeper than" in (p.problem or "") for p in report.pickles if p.subject in (".metadata",
+                                                                                                    "common.pt"))
 
 
 @pytest.mark.parametrize("victim,code", [(".metadata", "CK106"), ("common.pt", "CK206"), ("__0_0.distcp", "CK202")])

@@ -313,7 +313,8 @@ def test_100000_deep_nesting_is_no_recursion_error(shape: str) -> None:
     else:
         data = b"\x80\x02}" + b"(K\x01}" * n + b"u" * n + b"."
     walk = walk_pickle(data)
-    assert walk.complete and walk.ops >= n
+    # The walk bounds nesting whatever opcode builds it (issue 18: the C unpickler hashes deep tuples in C).
+    assert walk.limit is not None and "nesting deeper than" in walk.limit
     try:
         obj = load_pickle(data, PickleReport())
     except ReadError:
