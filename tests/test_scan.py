@@ -369,7 +369,9 @@ def test_hostile_item_in_a_distcp_without_metadata(tmp_path: Path, marker: Path)
 
 def test_unknown_global_is_a_warning_not_unsafe(tmp_path: Path) -> None:
     save = copy_of(SAMPLES / "torch_dist_fully", tmp_path)
-    payload = b"\x80\x02cmy_private_pkg.module\nThing\n)\x81."
+    # Referenced, never called (a class kept as a value). Issue 18: a CALLED unknown global is CK604 (unsafe),
+    # see tests/test_hostile_verdict.py.
+    payload = b"\x80\x02}X\x03\x00\x00\x00clscmy_private_pkg.module\nThing\ns."
     (save / "iter_0000001" / "common.pt").write_bytes(torch_zip(payload, prefix="common"))
     report = scan_path(save, "s")
     assert [f.code for f in report.findings] == ["CK602"]

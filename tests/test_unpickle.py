@@ -247,10 +247,12 @@ def test_dynamic_stack_global_and_unregistered_extension_codes() -> None:
     assert walk.globals[DYNAMIC_GLOBAL] is GlobalClass.DANGEROUS
     report = PickleReport()
     load_pickle(data, report)  # the unpickler resolves it to os.system, still a placeholder
-    assert report.dangerous == ["os.system"]
+    # The report carries the walk's verdict too (audit and scan judge the same bytes alike).
+    assert report.dangerous == [DYNAMIC_GLOBAL, "os.system"]
     # EXT codes resolve through the copyreg extension registry: unknown unless registered.
     walk = walk_pickle(b"\x80\x02\x82\x07)R.")
     assert walk.globals == {"copyreg.extension[7]": GlobalClass.UNKNOWN}
+    assert "copyreg.extension[7]" in walk.called  # REDUCE on it: the registry entry would be called
     with pytest.raises(ReadError):
         load_pickle(b"\x80\x02\x82\x07)R.", PickleReport())
 

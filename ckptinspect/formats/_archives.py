@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import io
 import re
-import zipfile
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.findings import Finding
+from ckptinspect.formats._candidates import archive_walks, blob_walks
+from ckptinspect.formats._files import called_finding
+from ckptinspect.formats._zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.formats._globals import GlobalClass
-from ckptinspect.formats._pickle_scan import PickleWalk, is_pickle_start, walk_pickle
-from ckptinspect.formats._io import FileSlice
-from ckptinspect.formats._unpickle import MAX_ARCHIVE_PICKLE_BYTES, MAX_PICKLE_BYTES
+from ckptinspect.formats._pickle_scan import PickleWalk, is_pickle_start, walk_pickle, walk_stream
+from ckptinspect.formats._unpickle import MAX_PICKLE_BYTES, PREWALK_MAX_BYTES
 
 MAX_NESTED = 3  # zip archives inside zip archives
 MAX_MEMBERS = 100_000  # members of one archive
@@ -108,7 +108,11 @@ class ContainerScan:
         if member:
             details["member"] = member
         dangerous = sorted(q for q, v in verdicts.items() if v is GlobalClass.DANGEROUS)
-        unknown = sorted(q for q, v in verdicts.items() if v is GlobalClass.UNKNOWN)
+        called = {q: at for q, at in walk.called.items() if q not in dangerous}
+        unknown = sorted(q for q, v in verdicts.items() if v is GlobalClass.UNKNOWN and q not in called)
+        if called:
+            self.findings.append(called_finding(called, subject, where.label, f"{subject}: pickle in {loc}",
+                                                details))
         if dangerous:
             self.findings.append(Finding(
                 "CK601", f"{subject}: pickle in {loc} references dangerous callable(s) {', '.join(dangerous)}"
@@ -139,8 +143,17 @@ class ContainerScan:
                 self.bound(where, f"pickle of {where.length} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
                 return True
             f.seek(where.offset)
+            if where.length > PREWALK_MAX_BYTES:
+                self.walked(where, None, walk_stream(f, where.length), where.length)  # bounded memory
+                return True
             data = f.read(where.length)
-            self.walked(where, None, walk_pickle(data), len(data))
+            walk = walk_pickle(data)
+            self.walked(where, None, walk, len(data))
+            for w in blob_walks(data, walk, "pickle", 1):
+                if w.walk is not None:
+                    self.walked(where, w.where, w.walk, w.size)
+                else:
+                    self.bound(where, f"{w.where}: {w.problem}")
             return True
         if not head:
             self.problem(where, "empty: no archive and no pickle", where.unreadable_code)
@@ -154,75 +167,59 @@ class ContainerScan:
                                      {"file": where.file, "offset": where.offset, "length": where.length}))
 
     def archive(self, f: IO[bytes], where: Where, depth: int) -> bool:
-        """Scan a zip archive: its `.pkl` members, and members that are archives themselves."""
-        view = io.BufferedReader(FileSlice(f, where.offset, where.length))
-        try:
-            zf = zipfile.ZipFile(view)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError,
-                KeyError, UnicodeDecodeError) as e:
-            self.problem(where, f"not a readable zip archive ({_short(e)})", where.unreadable_code)
+        """Scan a zip archive: every pickle any zip reader could take from it (`_candidates.archive_walks`: member
+        name case, duplicates, second central directories, prepended bytes, pickles in tensor storages and byte
+        strings), and members that are archives themselves."""
+        walks, members, why = archive_walks(f, where.offset, where.length)
+        if not members:
+            self.problem(where, f"not a readable zip archive ({why})", where.unreadable_code)
             return False
-        with zf:
-            infos = zf.infolist()
-            if len(infos) > MAX_MEMBERS:
-                self.bound(where, f"archive has {len(infos)} members (bound {MAX_MEMBERS})")
-                return True
-            pickles = [i for i in infos if i.filename.endswith(".pkl")]
-            if not pickles and depth == 0:
-                self.problem(where, "zip archive without a .pkl member (not a torch.save archive)",
-                             where.unreadable_code)
-            for info in pickles:
-                self.member_pickle(zf, info, where)
-            for info in infos:
-                # A nested archive needs at least a local header and an end record; torch's own small members
-                # (`version`, `byteorder`, ...) and its storages (`data/N`, raw tensor bytes) are skipped.
-                if info.file_size < 22 + 30 or info.filename.endswith(".pkl") or _STORAGE_DIR.search(info.filename):
-                    continue
-                self.nested(f, zf, info, where, depth)
+        if len(members) > MAX_MEMBERS:
+            self.bound(where, f"archive has {len(members)} members (bound {MAX_MEMBERS})")
+            return True
+        if depth == 0 and not any(is_pickle_member(m.name) for m in members):
+            self.problem(where, "zip archive without a .pkl member (not a torch.save archive)", where.unreadable_code)
+        for w in walks:
+            if w.walk is not None:
+                self.walked(where, w.where, w.walk, w.size)
+            elif w.limit:
+                self.bound(where, f"{w.where}: {w.problem}")
+            else:
+                self.problem(where, f"{w.where} unreadable: {w.problem}", where.unreadable_code)
+        for m in members:
+            # A nested archive needs at least a local header and an end record; torch's own small members
+            # (`version`, `byteorder`, ...) and its storages (`data/N`, raw tensor bytes) are skipped.
+            if m.size < 22 + 30 or is_pickle_member(m.name) or _STORAGE_DIR.search(m.name):
+                continue
+            self.nested(f, m, where, depth)
         return True
 
-    def member_pickle(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: Where) -> None:
-        name = info.filename
-        if info.file_size > MAX_ARCHIVE_PICKLE_BYTES:
-            self.bound(where, f"{name} claims {info.file_size} bytes uncompressed (bound "
-                              f"{MAX_ARCHIVE_PICKLE_BYTES}; zip bomb?)")
-            return
-        data = _read_member(zf, info, MAX_ARCHIVE_PICKLE_BYTES)
-        if isinstance(data, str):
-            self.problem(where, f"{name} unreadable: {data}", where.unreadable_code)
-            return
-        if len(data) > MAX_ARCHIVE_PICKLE_BYTES:
-            self.bound(where, f"{name} inflates past {MAX_ARCHIVE_PICKLE_BYTES} bytes (zip bomb?)")
-            return
-        self.walked(where, name, walk_pickle(data), len(data))
-
-    def nested(self, f: IO[bytes], zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: Where, depth: int) -> None:
+    def nested(self, f: IO[bytes], m: ZipMember, where: Where, depth: int) -> None:
         """A member that is itself a zip archive (a `torch.save` stored inside an archive) is scanned too."""
-        try:
-            with zf.open(info) as m:
-                head = m.read(4)
-        except Exception:  # noqa: BLE001 - any failure of a non-pickle member: nothing to scan there
+        start = data_offset(f, where.offset, where.length, m)
+        if start is None:
             return
-        if head != ZIP_LOCAL:
-            return
-        inner = Where(where.label, f"{where.subject}!{info.filename}", where.file, where.offset, where.length,
+        if m.method == 0:
+            f.seek(where.offset + start)
+            if f.read(4) != ZIP_LOCAL:
+                return
+        inner = Where(where.label, f"{where.subject}!{m.name}", where.file, where.offset, where.length,
                       where.unreadable_code)
+        if m.method == 0:
+            if depth + 1 > MAX_NESTED:
+                self.bound(inner, f"archives nested deeper than {MAX_NESTED}")
+                return
+            self.archive(f, Where(inner.label, inner.subject, inner.file, where.offset + start, m.compressed_size,
+                                  inner.unreadable_code), depth + 1)
+            return
+        data = member_bytes(f, where.offset, where.length, m, MAX_NESTED_BYTES)
+        if isinstance(data, str) or data[:4] != ZIP_LOCAL:
+            return
         if depth + 1 > MAX_NESTED:
             self.bound(inner, f"archives nested deeper than {MAX_NESTED}")
             return
-        if info.compress_type == zipfile.ZIP_STORED:
-            start = _member_data_offset(f, where.offset, info)
-            if start is not None and start + info.file_size <= where.offset + where.length:
-                self.archive(f, Where(inner.label, inner.subject, inner.file, start, info.file_size,
-                                      inner.unreadable_code), depth + 1)
-                return
-        if info.file_size > MAX_NESTED_BYTES:
-            self.bound(inner, f"compressed nested archive of {info.file_size} bytes (bound {MAX_NESTED_BYTES})")
-            return
-        data = _read_member(zf, info, MAX_NESTED_BYTES)
-        if isinstance(data, str) or len(data) > MAX_NESTED_BYTES:
-            self.problem(inner, f"nested archive unreadable: {data if isinstance(data, str) else 'too large'}",
-                         where.unreadable_code)
+        if len(data) > MAX_NESTED_BYTES:
+            self.bound(inner, f"compressed nested archive of more than {MAX_NESTED_BYTES} bytes")
             return
         self.archive(io.BytesIO(data), Where(inner.label, inner.subject, inner.file, 0, len(data),
                                              inner.unreadable_code), depth + 1)
@@ -252,29 +249,6 @@ class ContainerScan:
 
 
 # --- helpers -------------------------------------------------------------------------------------------------------
-
-
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, bound: int) -> bytes | str:
-    """At most bound+1 bytes of an archive member, or why it cannot be read."""
-    try:
-        with zf.open(info) as m:
-            return m.read(bound + 1)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, zlib.error,
-            KeyError, UnicodeDecodeError) as e:
-        return _short(e)
-
-
-def _member_data_offset(f: IO[bytes], base: int, info: zipfile.ZipInfo) -> int | None:
-    """Absolute offset of a stored member's bytes: after its 30-byte local header, name and extra field."""
-    try:
-        f.seek(base + info.header_offset)
-        head = f.read(30)
-    except (OSError, ValueError):
-        return None
-    if len(head) < 30 or head[:4] != ZIP_LOCAL:
-        return None
-    return base + info.header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30],
-                                                                                                  "little")
 
 
 def _find_all(f: IO[bytes], needle: bytes, start: int, end: int, block: int = 1 << 20) -> Iterator[int]:

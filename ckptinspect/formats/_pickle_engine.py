@@ -116,10 +116,10 @@ _EMPTY: frozenset[str] = frozenset()
 
 
 def _depth(v: object) -> int:
-    if v.__class__ is int:
-        return v  # type: ignore[return-value]
-    if v.__class__ is _Val:
-        return v.depth  # type: ignore[attr-defined, no-any-return]
+    if isinstance(v, int):
+        return v
+    if isinstance(v, _Val):
+        return v.depth
     return 0
 
 
@@ -330,7 +330,7 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                 if pushesp[code]:
                     if direct_ok:
                         # an inert constructor / allowed class created: the result carries only its arguments
-                        stack.append(_combine(consumed[1:]) if len(consumed) > 1 else 1)  # type: ignore[index]
+                        stack.append(_combine(consumed[1:]) if consumed and len(consumed) > 1 else 1)
                     elif not consumed:
                         stack.append(0 if code not in persid_ops else 1)
                     elif code in modify_ops:
@@ -344,7 +344,7 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                     else:
                         stack.append(_combine(consumed))
                     top = stack[-1]
-                    if (top if top.__class__ is int else _depth(top)) > MAX_DEPTH:  # type: ignore[operator]
+                    if _depth(top) > MAX_DEPTH:
                         raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
                                    limit=True)
             elif act == _MEMOIZE or act == _PUT:
@@ -472,9 +472,9 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
     result then carries only its arguments' taint)."""
     op = _CALL_OPS.get(code, _NAMES[code])
     callee, args = consumed[0], consumed[1:]
-    if callee.__class__ is not _Val:
+    if not isinstance(callee, _Val):
         return False  # a plain value built from inert parts: calling it runs nothing the allowlist did not vet
-    v: _Val = callee  # type: ignore[assignment]
+    v = callee
     if op == "BUILD":
         # BUILD calls `type(obj).__setstate__`: an instance's class was judged when it was created. BUILD on a
         # class object itself runs `cls.__setstate__(state)` as a function, or sets the class's attributes (changed
@@ -490,8 +490,8 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
             names, ok = (set() if v.call_ok else {v.qual}), v.call_ok
         if v.through:
             for a in args:
-                if a.__class__ is _Val:
-                    names |= a.taint if v.through == _THROUGH_CALL else a.ntaint  # type: ignore[attr-defined]
+                if isinstance(a, _Val):
+                    names |= a.taint if v.through == _THROUGH_CALL else a.ntaint
     for q in names:
         if q not in walk.called:
             walk.called[q] = f"{op} at byte {offset}"

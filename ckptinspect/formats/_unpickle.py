@@ -25,7 +25,7 @@ from typing import IO, Any, ClassVar
 
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.formats._builders import BUILDERS, DType, StorageRef, StorageType
-from ckptinspect.formats._pickle_scan import walk_pickle
+from ckptinspect.formats._pickle_scan import PickleWalk, walk_pickle, walk_stream
 from ckptinspect.formats._globals import (
     TORCH_DTYPES,
     TORCH_STORAGE_DTYPES,
@@ -36,7 +36,8 @@ from ckptinspect.formats._globals import (
 # Resource bounds. A pickle that exceeds them is reported (CK603), never followed to an out-of-memory kill.
 MAX_PICKLE_BYTES = 4 << 30  # a 1M-chunk `.metadata` is ~300 MB
 MAX_ARCHIVE_PICKLE_BYTES = 1 << 30  # `data.pkl` inside a torch archive
-PREWALK_MAX_BYTES = 16 << 20  # pickles up to this size are opcode-walked before unpickling (~0.15 µs per byte)
+PREWALK_MAX_BYTES = 16 << 20  # pickles up to this size are read whole; larger ones are walked and read as streams
+_RANK = {GlobalClass.ALLOWED: 0, GlobalClass.UNKNOWN: 1, GlobalClass.DANGEROUS: 2}
 MAX_NESTING = 200  # depth `to_plain` follows (two Python frames per level: stay far below the recursion limit)
 
 
@@ -166,6 +167,22 @@ class PickleReport:
     """What one unpickling saw: every global it referenced, with the allowlist verdict."""
 
     globals: dict[str, GlobalClass] = field(default_factory=dict)
+    called: dict[str, str] = field(default_factory=dict)  # globals called that are not inert constructors → where
+
+    def merge_walk(self, walk: PickleWalk, where: str = "") -> None:
+        """Take over what the opcode walk of a pickle found (the verdict `scan` gives the same bytes)."""
+        for q, v in walk.globals.items():
+            prev = self.globals.get(q)
+            if prev is None or _RANK[v] > _RANK[prev]:
+                self.globals[q] = v
+        for q, at in walk.called.items():
+            self.called.setdefault(q, f"{at}{' of ' + where if where else ''}")
+
+    @property
+    def unsafe(self) -> bool:
+        """The real loader would run code from what was read: a dangerous global, or a call outside the inert
+        constructors."""
+        return bool(self.called) or bool(self.dangerous)
 
     @property
     def dangerous(self) -> list[str]:
@@ -327,29 +344,41 @@ _PLAN_DISCARD: Mapping[str, Any] = {
 
 
 def load_pickle(
-    source: bytes | memoryview | IO[bytes], report: PickleReport | None = None, discard_plans: bool = False
+    source: bytes | memoryview | IO[bytes], report: PickleReport | None = None, discard_plans: bool = False,
+    prewalked: bool = False,
 ) -> Any:
     """Unpickle `source` (bytes, or a binary file streamed from its current position) with `SafeUnpickler`.
 
+    Every pickle is opcode-walked first (`_pickle_scan`: the verdict, the memo / nesting / length bounds), whatever
+    its size; `prewalked` skips that for a second read of bytes already walked into the same `report`.
     Raises `ReadError` (CK206) / `LimitExceeded` (CK603) on bad input. A file is streamed rather than read whole:
     a 1M-chunk `.metadata` is ~500 MB that need not sit in memory next to what it describes.
     """
+    report = report if report is not None else PickleReport()
     if not isinstance(source, (bytes, memoryview)):
-        # Small files are read whole so the walk below can vet them; large ones (a big `.metadata`) stream.
+        # Small files are read whole; large ones (a big `.metadata`) are walked as a stream, then unpickled from it.
         head = source.read(PREWALK_MAX_BYTES + 1)
         if len(head) <= PREWALK_MAX_BYTES:
             source = head
         else:
-            source.seek(-len(head), os.SEEK_CUR)
+            start = source.tell() - len(head)
+            size = source.seek(0, os.SEEK_END) - start
+            source.seek(start)
+            if size > MAX_PICKLE_BYTES:
+                raise LimitExceeded(f"pickle of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
+            if not prewalked:
+                # The memo bound must hold for every size: the walk streams (bounded memory), then the unpickler
+                # reads the same bytes again.
+                _vet(walk_stream(source, size), report)
+                source.seek(start)
     if isinstance(source, (bytes, memoryview)):
         if len(source) > MAX_PICKLE_BYTES:
             raise LimitExceeded(f"pickle of {len(source)} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
-        if len(source) <= PREWALK_MAX_BYTES:
-            # CPython's unpickler sizes its memo array from the largest index a PUT names and trusts length
-            # claims: a 12-byte pickle can make it allocate gigabytes. The opcode walk (no objects built) sees it.
-            walk = walk_pickle(source)
-            if walk.limit is not None:
-                raise LimitExceeded(f"pickle exceeds resource bounds: {walk.limit}", "CK603")
+        # CPython's unpickler sizes its memo array from the largest index a PUT names, trusts length claims and
+        # hashes nested tuples recursively in C: a 12-byte pickle can make it allocate gigabytes or overflow the C
+        # stack. The opcode walk (no objects built) sees it, and gives the verdict `scan` gives the same bytes.
+        if not prewalked:
+            _vet(walk_pickle(source), report)
         stream: IO[bytes] = io.BufferedReader(io.BytesIO(source))
     else:
         stream = source
@@ -362,6 +391,12 @@ def load_pickle(
         raise
     except Exception as e:  # noqa: BLE001 - any decoding failure of untrusted bytes is a finding, not a crash
         raise ReadError(f"not a readable pickle: {type(e).__name__}: {short_error(e)}", "CK206") from e
+
+
+def _vet(walk: PickleWalk, report: PickleReport) -> None:
+    report.merge_walk(walk)
+    if walk.limit is not None:
+        raise LimitExceeded(f"pickle exceeds resource bounds: {walk.limit}", "CK603")
 
 
 def short_error(e: BaseException) -> str:
