@@ -41,6 +41,43 @@ _RANK = {GlobalClass.ALLOWED: 0, GlobalClass.UNKNOWN: 1, GlobalClass.DANGEROUS: 
 MAX_NESTING = 200  # depth `to_plain` follows (two Python frames per level: stay far below the recursion limit)
 
 
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python (mutable); builtin types are not
+
+
+class FrozenClass(type):
+    """Metaclass of every stand-in class: a pickle cannot set or delete its attributes (BUILD's slot state would
+    `setattr` on the class). The reader itself sets them with `type.__setattr__`."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise AttributeError(f"stand-in class {cls.__name__} is immutable")
+
+    def __delattr__(cls, name: str) -> None:
+        raise AttributeError(f"stand-in class {cls.__name__} is immutable")
+
+
+def _frozen(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> Any:
+    return FrozenClass(name, bases, namespace)
+
+
+class FrozenCall:
+    """An allowed builder function as one load sees it: callable, immutable, no `__dict__`."""
+
+    __slots__ = ("_fn",)
+    _fn: Callable[..., Any]
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        object.__setattr__(self, "_fn", fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("stand-in builders are immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("stand-in builders are immutable")
+
+
 class Obj:
     """Stand-in for an instance of an allowed class: its pickled state lands in `__dict__`.
 
@@ -239,6 +276,7 @@ class SafeUnpickler(pickle.Unpickler):
         self._shared: dict[type[Rec], Rec] = {}
         self._classes: dict[str, type[Obj]] = {}
         self._recs: dict[str, type[Rec]] = {}
+        self._builders: dict[str, Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         qual = f"{module}.{name}"  # reported as the pickle spells it
@@ -254,7 +292,7 @@ class SafeUnpickler(pickle.Unpickler):
                 self._enter_plans()
             fn = _FUNCTIONS.get((module, name))
             if fn is not None:
-                return fn
+                return self._builder(module, name, fn)
             if module == "torch" and name in TORCH_DTYPES:
                 return DType(TORCH_DTYPES[name])
             if module in ("torch", "torch.storage") and name in TORCH_STORAGE_DTYPES:
@@ -263,17 +301,30 @@ class SafeUnpickler(pickle.Unpickler):
                 return self._rec(qual)
             return self._stub(qual, StatefulObj)
         cls = self._stub(qual, Opaque)
-        cls.verdict = verdict  # type: ignore[attr-defined]
+        type.__setattr__(cls, "verdict", verdict)
         return cls
+
+    def _builder(self, module: str, name: str, fn: Callable[..., Any]) -> Any:
+        """The stand-in of an allowed function, made for this load only: a C type that cannot be changed (`tuple`,
+        `int`, ...) as is, a Python class as a frozen subclass, a Python function behind a frozen wrapper. BUILD on
+        what `find_class` returned must not change the reader for later loads (nor this one)."""
+        if isinstance(fn, type) and not (fn.__flags__ & _HEAPTYPE):
+            return fn
+        key = f"{module}.{name}"
+        made = self._builders.get(key)
+        if made is None:
+            made = _frozen(name, (fn,), {}) if isinstance(fn, type) else FrozenCall(fn)
+            self._builders[key] = made
+        return made
 
     def _rec(self, qual: str) -> type[Rec]:
         cls = self._recs.get(qual)
         if cls is None:
             fields = _COMPACT_FIELDS.get(qual)
             if fields is not None:
-                cls = type(qual.rsplit(".", 1)[-1], (CRec,), {"qualname": qual, "fields": fields})
+                cls = _frozen(qual.rsplit(".", 1)[-1], (CRec,), {"qualname": qual, "fields": fields})
             else:
-                cls = type(qual.rsplit(".", 1)[-1], (Rec,), {"qualname": qual})
+                cls = _frozen(qual.rsplit(".", 1)[-1], (Rec,), {"qualname": qual})
             self._recs[qual] = cls
             if self._in_plans and qual in _PLAN_DISCARD:
                 self._discard(cls, qual)
@@ -282,10 +333,10 @@ class SafeUnpickler(pickle.Unpickler):
     def _discard(self, cls: type[Rec], qual: str) -> None:
         # NEWOBJ returns one shared record per class (`dict.get(cls)`: C, no object per item) and BUILD empties the
         # state (C). The plan lists still hold one reference per item, so per-rank counts stay exact.
-        cls.__setstate__ = _PLAN_DISCARD[qual]
-        shared = type(cls.__name__, (Rec,), {"qualname": qual, "__setstate__": _PLAN_DISCARD[qual]})
+        type.__setattr__(cls, "__setstate__", _PLAN_DISCARD[qual])
+        shared = _frozen(cls.__name__, (Rec,), {"qualname": qual, "__setstate__": _PLAN_DISCARD[qual]})
         self._shared[cls] = shared()
-        cls.__new__ = staticmethod(self._shared.get)  # type: ignore[assignment]
+        type.__setattr__(cls, "__new__", staticmethod(self._shared.get))
 
     def _enter_plans(self) -> None:
         """From the first SavePlan on (Megatron's `all_local_plans`, ~half of a large `.metadata`), the items'
@@ -300,7 +351,7 @@ class SafeUnpickler(pickle.Unpickler):
     def _stub(self, qual: str, base: type[Obj]) -> type[Obj]:
         cls = self._classes.get(qual)
         if cls is None:
-            cls = type(qual.rsplit(".", 1)[-1], (base,), {"qualname": qual})
+            cls = _frozen(qual.rsplit(".", 1)[-1], (base,), {"qualname": qual})
             self._classes[qual] = cls
         return cls
 
