@@ -197,3 +197,43 @@ def run_real_loader(kind: str, *args: str, timeout: float = 120) -> subprocess.C
     """Load a sample with the real loader in a subprocess (it may fail after running the payload; that is fine)."""
     return subprocess.run([sys.executable, "-c", _LOADERS[kind], *args], capture_output=True, text=True,
                           timeout=timeout, cwd=Path(args[0]).parent if args else None)
+
+
+# --- DCP stored items re-laid with torch's own classes -----------------------------------------------------------------
+
+
+def relay_item(ckpt: Path, key: str, blob: bytes, relative_path: str | None = None,
+               target: Path | None = None) -> tuple[Path, int, int]:
+    """Append `blob` to the data file of stored item `key` (or write it to `target`) and point `.metadata` at it,
+    optionally under another `relative_path`. `.metadata` is rewritten through torch's own classes (the sample is
+    trusted, so loading it with torch is fine here). Returns (file, offset, length)."""
+    import torch.distributed.checkpoint  # noqa: F401 - registers the classes the pickle names
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    with open(ckpt / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    idx = next(i for i in md.storage_data if i.fqn == key)
+    info = md.storage_data[idx]
+    path = target if target is not None else ckpt / info.relative_path
+    offset = path.stat().st_size if path.exists() else 0
+    with open(path, "ab") as f:
+        f.write(blob)
+    md.storage_data[idx] = _StorageInfo(relative_path or info.relative_path, offset, len(blob))
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    return path, offset, len(blob)
+
+
+def torch_save_bytes(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def uint8_tensor_of(data: bytes) -> Any:
+    """Transformer Engine >= 2.0's `_extra_state`: `torch.frombuffer(bytearray(pickle.dumps(state)), uint8)`."""
+    import torch
+
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)

@@ -84,7 +84,7 @@ def _storage_walk(f: IO[bytes], offset: int, length: int, m: ZipMember) -> list[
 def blob_walks(data: bytes, walk: PickleWalk, where: str, depth: int) -> list[Walked]:
     """Pickles and torch archives held in byte strings of a walked pickle, when they would run code."""
     out: list[Walked] = []
-    for off, n in walk.blobs:
+    for off, n, latin1 in walk.blobs:
         label = f"{where}!blob@{off}"
         if depth > MAX_NESTED_BLOBS:
             out.append(Walked(label, None, n, f"byte strings nested deeper than {MAX_NESTED_BLOBS}", limit=True))
@@ -93,6 +93,11 @@ def blob_walks(data: bytes, walk: PickleWalk, where: str, depth: int) -> list[Wa
             out.append(Walked(label, None, n, f"embedded blob of {n} bytes (bound {MAX_BLOB_BYTES})", limit=True))
             continue
         blob = data[off : off + n]
+        if latin1:
+            try:
+                blob = blob.decode("utf-8", "surrogatepass").encode("latin-1")
+            except (UnicodeDecodeError, UnicodeEncodeError):
+                continue
         if blob[:4] == LOCAL:
             inner, _, _ = archive_walks(io.BytesIO(blob), 0, len(blob), depth + 1)
             out.extend(Walked(f"{label}!{w.where}", w.walk, w.size, w.problem, w.limit) for w in inner

@@ -76,6 +76,7 @@ _BLOB_OPS = frozenset({ord("B"), ord("C"), ord("\x8e"), ord("\x96")})  # BINBYTE
 _PERSID_OPS = frozenset({ord("P"), ord("Q")})
 _PICKLE_HEADS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 _ZIP_HEAD = b"PK\x03\x04"
+_LATIN1_PICKLE_HEADS = tuple("\x80".encode() + bytes([p]) for p in (2, 3, 4, 5))
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,15 +270,19 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                     raise Stop(f"{names[code]} at byte {start} has a negative length {n}", start)
                 if src.base + pos + n > src.total:
                     raise _length_claim(names[code], start, n, src.total - src.base - pos, src.total)
-                if (act == _STR and n <= MAX_TRACKED_STR) or (code in blob_ops and n >= 8):
-                    want = n if act == _STR else 4
+                if act == _STR or (code in blob_ops and n >= 8):
+                    want = n if act == _STR and n <= MAX_TRACKED_STR else 4
                     if pos + want > end:
-                        pos = src.fill(pos, want)
+                        pos = src.fill(pos, min(want, n))
                         buf, end = src.buf, len(src.buf)
-                    arg = buf[pos : pos + want]
-                    if act != _STR and (arg[:2] in _PICKLE_HEADS or arg == _ZIP_HEAD):
-                        if len(walk.blobs) < MAX_BLOBS:
-                            walk.blobs.append((src.base + pos, n))
+                    head = buf[pos : pos + 4]
+                    if n >= 8 and len(walk.blobs) < MAX_BLOBS:
+                        if act != _STR and (head[:2] in _PICKLE_HEADS or head == _ZIP_HEAD):
+                            walk.blobs.append((src.base + pos, n, False))
+                        elif act == _STR and (head[:3] in _LATIN1_PICKLE_HEADS or head == _ZIP_HEAD):
+                            # protocol 2 writes bytes as `_codecs.encode(str, 'latin1')`: the str, UTF-8 encoded
+                            walk.blobs.append((src.base + pos, n, True))
+                    arg = buf[pos : pos + n] if act == _STR and n <= MAX_TRACKED_STR else None
                 if pos + n <= end:
                     pos += n
                 else:

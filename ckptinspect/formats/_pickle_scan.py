@@ -56,7 +56,8 @@ class PickleWalk:
     trailing: bytes after the last complete pickle that are not one (not walked, or not walkable to a STOP).
     trailing_problem: why those bytes did not walk as a pickle, when they started like one.
     called: globals the pickle CALLS that are not inert constructors (`_callables.py`) → where ("REDUCE at byte 12").
-    blobs: (offset, length) of byte strings inside that hold a pickle or a zip archive (offsets in the stream).
+    blobs: (offset, length, latin1) of byte strings inside that hold a pickle or a zip archive (offsets in the
+      stream); latin1: a str (protocol 2's `_codecs.encode(s, 'latin1')`), UTF-8 encoded in the stream.
     max_memo_index: the largest index a PUT / BINPUT / LONG_BINPUT names (-1 when none). A real pickler never
       writes one beyond the number of memoized objects; CPython's unpickler sizes its memo array to twice it.
     """
@@ -72,7 +73,7 @@ class PickleWalk:
     trailing_problem: str | None = None
     max_memo_index: int = -1
     called: dict[str, str] = field(default_factory=dict)
-    blobs: list[tuple[int, int]] = field(default_factory=list)
+    blobs: list[tuple[int, int, bool]] = field(default_factory=list)
     _seen: set[tuple[str, str, GlobalClass]] = field(default_factory=set, repr=False)
 
     @property
