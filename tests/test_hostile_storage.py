@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.audit import audit
+from ckptinspect.capabilities.audit.audit import audit
 from ckptinspect.findings import Status
-from ckptinspect.formats._unpickle import PickleReport, load_pickle
-from ckptinspect.formats.torch_archive import read_torch_file
-from ckptinspect.scan import scan_path
+from ckptinspect.pickling.unpickle import PickleReport, load_pickle
+from ckptinspect.pickling.torch_archive import read_torch_file
+from ckptinspect.capabilities.scan.scan import scan_path
 from hostile_samples import (payload, relay_item, run_real_loaders, torch_save_bytes, uint8_tensor_of, write_zip,
                              zip_entries)
 
@@ -112,7 +112,7 @@ def test_build_on_a_stand_in_class_changes_nothing_for_later_loads(target: bytes
     assert report.called  # BUILD on a class object is a call (CK604)
     common = read_torch_file(SAMPLES / "torch_dist_fully" / "iter_0000001" / "common.pt")
     assert common.report.globals and not common.report.unsafe
-    from ckptinspect.formats._plain import to_plain
+    from ckptinspect.pickling.plain import to_plain
 
     state = to_plain(common.obj)
     assert isinstance(state, dict) and "args" in state and len(state) > 2

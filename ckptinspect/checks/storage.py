@@ -17,7 +17,7 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import read_item_archive
 from ckptinspect.model import Checkpoint, Format, StoredItem, dtype_size
-from ckptinspect.formats._io import leaves_dir
+from ckptinspect.safeio import leaves_dir
 
 MAX_LISTED = 5
 

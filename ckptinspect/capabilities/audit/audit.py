@@ -1,0 +1,204 @@
+"""`audit`: sniff, read, run every check, and derive statuses — for one checkpoint or a whole save dir.
+
+A save dir is audited as Megatron would resume from it: the tracked iteration (the newest when there is no tracker)
+is audited fully; every other iteration is classified cheaply (metadata-level checks, no hashing, no deep read)
+unless `all_iterations` asks for full audits. The save dir's status is the picked checkpoint's, worsened by tracker
+findings (docs/contract.md "Status of a checkpoint").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ckptinspect.checks import CheckContext, tracker
+from ckptinspect.checks.registry import CHECKS
+from ckptinspect.errors import UsageError
+from ckptinspect.findings import Finding, Status, filter_findings, status_of, worst_status
+from ckptinspect.formats import read_checkpoint
+from ckptinspect.formats.savedir import SaveDir, read_save_dir
+from ckptinspect.formats.sniff import path_kind
+from ckptinspect.model import Checkpoint, Kind
+from ckptinspect.capabilities.audit.summary import Summary, summarize
+
+CHEAP_SKIP = frozenset({"integrity"})
+
+
+@dataclass(frozen=True, slots=True)
+class AuditOptions:
+    """What to run. select / ignore: code prefixes (`--select`, `--ignore`)."""
+
+    deep: bool = False
+    all_iterations: bool = False
+    manifest: Path | None = None
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    context: CheckContext = field(default_factory=CheckContext)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointAudit:
+    """One audited checkpoint. `full` is False for a cheap classification."""
+
+    checkpoint: Checkpoint
+    status: Status
+    findings: tuple[Finding, ...]
+    full: bool
+    name: str | None = None  # iteration dir name inside a save dir
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.checkpoint
+        return {
+            "path": c.path, "name": self.name, "format": c.format.value if c.format else None,
+            "iteration": c.iteration, "status": self.status.value, "full": self.full,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """The result of `audit PATH`."""
+
+    path: str
+    kind: Kind
+    status: Status
+    findings: tuple[Finding, ...]
+    checkpoints: tuple[CheckpointAudit, ...]
+    picked: CheckpointAudit | None
+    save_dir: SaveDir | None
+    summary: Summary | None
+
+    @property
+    def gating_findings(self) -> tuple[Finding, ...]:
+        """The findings the verdict and the exit code rest on: the save dir's own, and those of every fully audited
+        checkpoint. A cheaply classified leftover iteration counts through CK505/CK506, not its own errors."""
+        own = {id(f) for a in self.checkpoints if not a.full for f in a.findings}
+        return tuple(f for f in self.findings if id(f) not in own)
+
+    @property
+    def format(self) -> str | None:
+        c = self.picked.checkpoint if self.picked else None
+        return c.format.value if c and c.format else None
+
+    @property
+    def iteration(self) -> int | None:
+        return self.picked.checkpoint.iteration if self.picked else None
+
+
+def audit_checkpoint(
+    path: Path, label: str, opts: AuditOptions, full: bool = True, megatron_context: bool = False,
+    name: str | None = None,
+) -> CheckpointAudit:
+    ckpt = read_checkpoint(path, label, megatron_context)
+    ctx = replace(opts.context, deep=opts.deep and full, manifest=opts.manifest if full else None)
+    findings: list[Finding] = list(ckpt.findings)
+    for check_name, check in CHECKS:
+        if ckpt.format is None or (not full and check_name in CHEAP_SKIP):
+            continue
+        findings.extend(f.with_path(label) for f in check(ckpt, ctx))
+    kept = tuple(filter_findings(findings, opts.select, opts.ignore))
+    return CheckpointAudit(ckpt, status_of(kept), kept, full, name)
+
+
+def audit(path: Path, opts: AuditOptions | None = None, label: str | None = None) -> AuditReport:
+    """Audit a checkpoint or a save dir. Raises `UsageError` only when `path` does not exist."""
+    opts = opts or AuditOptions()
+    label = label if label is not None else str(path)
+    if not (path.exists() or path.is_symlink()):
+        raise UsageError(f"{label}: no such file or directory")
+    if path_kind(path) is Kind.CHECKPOINT:
+        one = audit_checkpoint(path, label, opts)
+        return AuditReport(label, Kind.CHECKPOINT, one.status, one.findings, (one,), one, None,
+                           summarize(one.checkpoint))
+    return _audit_save_dir(path, label, opts)
+
+
+def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
+    save = read_save_dir(path)
+    pick = save.resume_pick()
+    audits: list[CheckpointAudit] = []
+    for it in save.iterations:
+        full = opts.all_iterations or (pick is not None and it.name == pick.name)
+        audits.append(audit_checkpoint(it.path, _join(label, it.name), opts, full, save.style == "megatron",
+                                       it.name))
+    statuses = {a.name or "": a.status for a in audits}
+    dir_findings = tuple(filter_findings((f for f in tracker.run(save, statuses, label)), opts.select, opts.ignore))
+    picked = next((a for a in audits if pick is not None and a.name == pick.name), None)
+    status = worst_status([picked.status if picked else Status.COMPLETE, status_of(dir_findings)])
+    if picked is None and not dir_findings:
+        status = Status.UNRECOGNIZED
+    flat: list[Finding] = list(dir_findings)
+    for a in audits:
+        flat.extend(a.findings)
+    return AuditReport(label, Kind.SAVE_DIR, status, tuple(flat), tuple(audits), picked, save,
+                       summarize(picked.checkpoint) if picked else None)
+
+
+def _join(label: str, name: str) -> str:
+    return f"{label.rstrip('/')}/{name}"
+
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRow:
+    """One row of `ls`."""
+
+    name: str
+    iteration: int | str
+    format: str | None
+    status: Status
+    bytes: int
+    files: int
+    tracked: bool
+    codes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "iteration": self.iteration, "format": self.format, "status": self.status.value,
+                "bytes": self.bytes, "files": self.files, "tracked": self.tracked, "codes": list(self.codes)}
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """`ls SAVE_DIR`: the tracker and every iteration dir with its (cheaply classified) status."""
+
+    path: str
+    tracker: dict[str, Any]
+    iterations: tuple[IterationRow, ...]
+    findings: tuple[Finding, ...]
+
+
+def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | None = None) -> Listing:
+    """Classify every iteration of a save dir (metadata-level checks, no hashing)."""
+    label = label if label is not None else str(path)
+    if not (path.exists() or path.is_symlink()):
+        raise UsageError(f"{label}: no such file or directory")
+    opts = opts or AuditOptions()
+    if path_kind(path) is Kind.CHECKPOINT:
+        a = audit_checkpoint(path, label, opts, full=False)
+        c = a.checkpoint
+        row = IterationRow(Path(label).name, c.iteration if c.iteration is not None else Path(label).name,
+                           c.format.value if c.format else None, a.status, c.data_bytes, len(c.files), False,
+                           tuple(sorted({f.code for f in a.findings})))
+        return Listing(label, {"raw": None, "iteration": None}, (row,), a.findings)
+    save = read_save_dir(path)
+    tracked = save.find(save.tracker.iteration) if save.tracker.exists and save.tracker.error is None else None
+    rows = []
+    statuses: dict[str, Status] = {}
+    for it in save.iterations:
+        a = audit_checkpoint(it.path, _join(label, it.name), opts, False, save.style == "megatron", it.name)
+        statuses[it.name] = a.status
+        c = a.checkpoint
+        files = _all_files(it.path)
+        rows.append(IterationRow(it.name, it.iteration, c.format.value if c.format else None, a.status,
+                                 sum(f.size or 0 for f in files), len(files),
+                                 tracked is not None and tracked.name == it.name,
+                                 tuple(sorted({f.code for f in a.findings}))))
+    findings = tuple(tracker.run(save, statuses, label))
+    return Listing(label, save.tracker.to_dict(), tuple(rows), findings)
+
+
+def _all_files(path: Path) -> tuple[Any, ...]:
+    from ckptinspect.formats._files import list_files
+
+    return list_files(path, recursive=True)

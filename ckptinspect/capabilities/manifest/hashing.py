@@ -1,0 +1,123 @@
+"""Whole-file SHA-256 for the integrity manifests (`manifest.py`): which files can be hashed, and hashing many.
+
+Hashing runs on a thread pool (hashlib and `readinto` release the GIL), biggest files first, each thread reading into
+one reused buffer, so memory is bounded by ``workers × 4 MiB``. Only regular files are opened: a FIFO or device is
+reported as not hashable, never a hang.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import os
+import stat
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ckptinspect.progress import ProgressHook
+
+ALGORITHM = "sha256"  # the manifest's `algorithm`: the only one hashed here
+_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Hashed:
+    digest: str | None  # None: could not be read
+    size: int
+    error: str | None
+
+
+_local = threading.local()
+
+
+def _hash_file(path: str, tick: _Ticker | None) -> _Hashed:
+    """Whole-file SHA-256 of a regular file through this thread's reused buffer; OSError becomes `error`."""
+    buf: bytearray | None = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    h = hashlib.sha256()
+    total = 0
+    try:
+        # O_NONBLOCK: if the entry was swapped for a FIFO after the stat, open must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb", buffering=0, closefd=True) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return _Hashed(None, 0, "not a regular file")
+            _advise_sequential(fd)
+            while n := f.readinto(view):
+                h.update(view[:n])
+                total += n
+                if tick is not None:
+                    tick.add(n)
+    except OSError as e:
+        return _Hashed(None, total, f"{type(e).__name__}: {e.strerror or e}")
+    return _Hashed(h.hexdigest(), total, None)
+
+
+def _advise_sequential(fd: int) -> None:
+    """Ask for aggressive read-ahead; a filesystem that refuses the hint is no reason to fail."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
+
+
+class _Ticker:
+    """Byte counter shared by the workers; the calling thread turns it into progress calls."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._pending += n
+
+    def take(self) -> int:
+        with self._lock:
+            n, self._pending = self._pending, 0
+            return n
+
+
+def default_workers() -> int:
+    """Threads for hashing: the CPUs this process may use, at most 16 (memory stays ≤ 64 MiB of buffers)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(16, cpus))
+
+
+def hash_many(
+    jobs: Sequence[tuple[str, str, int]], workers: int | None, progress: ProgressHook | None, what: str
+) -> dict[str, _Hashed]:
+    """Hash `(key, path, size)` jobs, biggest first (longest-processing-time), reporting progress from this thread."""
+    if not jobs:
+        return {}
+    ordered = sorted(jobs, key=lambda j: (-j[2], j[0]))
+    total = sum(j[2] for j in ordered)
+    tick = _Ticker() if progress is not None else None
+    nthreads = max(1, min(workers or default_workers(), len(ordered)))
+    with cf.ThreadPoolExecutor(max_workers=nthreads, thread_name_prefix="ckptinspect-sha256") as pool:
+        futures = {pool.submit(_hash_file, path, tick): key for key, path, _ in ordered}
+        pending: set[cf.Future[_Hashed]] = set(futures)
+        while pending:
+            _, pending = cf.wait(pending, timeout=0.1, return_when=cf.FIRST_COMPLETED)
+            if progress is not None and tick is not None and (n := tick.take()):
+                progress(n, total, what)
+    return {futures[f]: f.result() for f in futures}
+
+
+def stat_entry(path: str) -> tuple[int | None, str | None]:
+    """(size, None) for a regular file (symlinks followed), else (None, why it cannot be hashed)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None, "broken symlink" if os.path.islink(path) else "file missing"
+    except OSError as e:  # ELOOP, EACCES on a parent, ENAMETOOLONG ...
+        return None, f"unreadable ({type(e).__name__}: {e.strerror or e})"
+    if stat.S_ISDIR(st.st_mode):
+        return None, "is a directory"
+    if not stat.S_ISREG(st.st_mode):
+        return None, "not a regular file (FIFO, socket or device)"
+    return st.st_size, None

@@ -1,0 +1,55 @@
+"""The padded vocabulary Megatron recomputes for the target TP ([tok] `_vocab_size_with_padding`).
+
+Owns `_vocab` (saved vs predicted padded size, and the `--make-vocab-size-divisible-by` values that keep the saved
+size) and `_pad`. The `model.vocab*` rule texts built from its result live in `conditions`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ckptinspect.model import Checkpoint, Format
+from ckptinspect.capabilities.resume.model import Layout, ResumeTarget, VocabCandidate, VocabPrediction, _int
+
+
+def _vocab(ckpt: Checkpoint, a: Mapping[str, Any], src: Layout, t: ResumeTarget) -> VocabPrediction | None:
+    keys = sorted({x.key for x in ckpt.tensors if not x.key.startswith(("optimizer.", "distrib_optim."))
+                   and x.key.endswith(("word_embeddings.weight", "output_layer.weight"))})
+    shapes = [x.shape for x in ckpt.tensors if x.key in keys and x.shape]
+    saved = _int(a.get("padded_vocab_size"))
+    if saved is None and shapes:  # legacy tensors are the local TP shard of the vocabulary
+        saved = shapes[0][0] * (src.tp if ckpt.format is Format.TORCH else 1)
+    if saved is None:
+        return None
+    hidden = shapes[0][1] if shapes and len(shapes[0]) == 2 else _int(a.get("hidden_size"))
+    m_saved = _int(a.get("make_vocab_size_divisible_by"))
+    m = t.make_vocab_size_divisible_by or m_saved or 128  # 128 = Megatron's default
+    step_saved = m_saved * src.tp if m_saved else saved  # unknown padding: any vocabulary in (0, saved]
+    low_saved = max(saved - step_saved, 0)
+    v, how = t.vocab_size, "given (--vocab-size)"
+    if v is None and _int(a.get("vocab_size")) and _pad(a["vocab_size"], step_saved) == saved:
+        v, how = a["vocab_size"], "from the checkpoint args"
+    elif v is None:
+        how = f"size unknown: the tokenizer's, somewhere in ({low_saved}, {saved}]"
+    cands = []
+    for value in range(max(saved // t.tp, 1), 0, -1):
+        q = value * t.tp
+        if saved % q == 0 and (v is None or _pad(v, q) == saved):
+            cands.append(VocabCandidate(value, saved - q, saved, v is not None or q >= step_saved))
+    q = m * t.tp
+    if v is not None:
+        return VocabPrediction(saved, _pad(v, q), v, how, m, t.tp, hidden, tuple(keys), tuple(cands))
+    lo, hi = _pad(low_saved + 1, q), _pad(saved, q)
+    predicted: int | None = hi
+    note = None if lo == hi else f"between {lo} and {hi} rows depending on the tokenizer's vocabulary"
+    if saved % q == 0 and q < step_saved:
+        predicted = None
+        below = str(lo) if lo == saved - q else f"{lo} to {saved - q}"
+        note = f"{saved} rows only for a vocabulary above {saved - q}, else {below}"
+    return VocabPrediction(saved, predicted, None, how, m, t.tp, hidden, tuple(keys), tuple(cands), note)
+
+
+def _pad(v: int, multiple: int) -> int:
+    return int(math.ceil(v / multiple) * multiple)

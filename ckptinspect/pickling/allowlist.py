@@ -1,0 +1,205 @@
+"""Classification of pickle globals: allowed, dangerous, or unknown.
+
+Shared by the unpickler (`unpickle.py`, which never calls any of them) and the opcode scanner (`scan`). The allowlist
+covers what torch DCP `.metadata`, `torch.save` archives, Megatron common state and numpy pickles reference; the
+danger list is what a hostile pickle uses to run code. Everything else is "unknown": kept opaque, reported (CK602).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class GlobalClass(enum.Enum):
+    """Verdict on one `module.name` global referenced by a pickle."""
+
+    ALLOWED = "allowed"
+    UNKNOWN = "unknown"
+    DANGEROUS = "dangerous"
+
+
+# Exact (module, name) pairs that are allowed.
+_ALLOWED_EXACT: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("collections", "OrderedDict"),
+        ("collections", "defaultdict"),
+        ("collections", "deque"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "slice"),
+        ("builtins", "complex"),
+        ("builtins", "bytearray"),
+        ("builtins", "range"),
+        ("builtins", "tuple"),
+        ("builtins", "list"),
+        ("builtins", "dict"),
+        ("builtins", "int"),
+        ("builtins", "float"),
+        ("builtins", "str"),
+        ("builtins", "bytes"),
+        ("builtins", "bool"),
+        ("__builtin__", "set"),
+        ("copy_reg", "_reconstructor"),
+        ("copyreg", "_reconstructor"),
+        ("builtins", "object"),
+        ("argparse", "Namespace"),
+        ("datetime", "datetime"),
+        ("datetime", "date"),
+        ("datetime", "timedelta"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PurePosixPath"),
+        ("uuid", "UUID"),
+        ("enum", "Enum"),
+        ("functools", "partial"),
+        ("_codecs", "encode"),
+        ("torch", "Size"),
+        ("torch._utils", "_rebuild_tensor"),
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_tensor_v3"),
+        ("torch._utils", "_rebuild_parameter"),
+        ("torch._utils", "_rebuild_parameter_with_state"),
+        ("torch._utils", "_rebuild_qtensor"),
+        ("torch._utils", "_rebuild_sparse_tensor"),
+        ("torch._utils", "_rebuild_meta_tensor_no_storage"),
+        ("torch._utils", "_rebuild_wrapper_subclass"),
+        ("torch._utils", "_rebuild_device_tensor_from_numpy"),
+        ("torch._tensor", "_rebuild_from_type_v2"),
+        ("torch._tensor", "_rebuild_from_type"),
+        ("torch.nn.parameter", "Parameter"),
+        ("torch", "Tensor"),
+        ("torch.serialization", "_get_layout"),
+        ("torch", "device"),
+        ("torch.storage", "UntypedStorage"),
+        ("torch.storage", "TypedStorage"),
+        ("torch", "UntypedStorage"),
+        ("torch", "strided"),
+        ("torch", "sparse_coo"),
+        ("torch", "contiguous_format"),
+        ("torch", "channels_last"),
+        ("torch", "preserve_format"),
+        ("numpy", "dtype"),
+        ("numpy", "ndarray"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.dtypes", "Float64DType"),
+        ("numpy.dtypes", "Float32DType"),
+        ("numpy.dtypes", "Int64DType"),
+        ("numpy.dtypes", "UInt32DType"),
+        ("numpy.random._pickle", "__randomstate_ctor"),
+        ("numpy.random._pickle", "__bit_generator_ctor"),
+        ("numpy.random._pickle", "__generator_ctor"),
+        ("numpy.random.mtrand", "RandomState"),
+        ("_io", "BytesIO"),
+        ("io", "BytesIO"),
+    }
+)
+
+# Modules whose every global is allowed (DCP metadata / planner classes, dtypes defined in torch itself).
+_ALLOWED_MODULE_PREFIXES: tuple[str, ...] = (
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.planner",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint._extension",
+    "torch.distributed.checkpoint.default_planner",
+    "torch.distributed.checkpoint.storage",
+    "torch.distributed.checkpoint._fsspec_filesystem",
+    "torch.distributed.tensor.placement_types",
+    "torch.distributed._tensor.placement_types",
+    # Megatron-Core plain-data classes (enums, configs, MCoreSavePlan/MCoreMetadata): data, never run here.
+    "megatron.core.",
+    "megatron.training.",
+    "transformer_engine.pytorch.",
+)
+
+# torch names that are dtypes or storage classes (e.g. `torch.float32`, `torch.FloatStorage`).
+_TORCH_ALLOWED_SUFFIXES: tuple[str, ...] = ("Storage", "Tensor")
+
+# Dangerous modules: anything in them can run code, touch files, or reach the network.
+_DANGEROUS_MODULES: frozenset[str] = frozenset(
+    {
+        "os", "posix", "nt", "subprocess", "sys", "socket", "pty", "shutil", "importlib", "runpy",
+        "marshal", "types", "webbrowser", "ctypes", "code", "codeop", "commands", "multiprocessing",
+        "threading", "_thread", "asyncio", "signal", "pickle", "_pickle", "cPickle", "dill", "cloudpickle",
+        "shelve", "tempfile", "urllib", "urllib.request", "http", "http.client", "ftplib", "smtplib",
+        "telnetlib", "requests", "pdb", "bdb", "inspect", "platform", "zipimport", "pkgutil", "imp",
+        "builtins.__import__", "operator", "functools.reduce", "pip", "setuptools", "distutils", "gc",
+        "torch.hub", "torch.ops", "torch.classes", "torch._ops", "torch.jit", "torch.package",
+        "torch.utils.cpp_extension", "torch._dynamo", "torch._inductor", "numpy.testing", "numpy.f2py",
+        "nt.system", "posixpath", "ntpath", "io.open", "_io.open", "fcntl", "resource", "mmap",
+    }
+)
+
+_DANGEROUS_EXACT: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("builtins", "eval"), ("builtins", "exec"), ("builtins", "compile"), ("builtins", "open"),
+        ("builtins", "__import__"), ("builtins", "getattr"), ("builtins", "setattr"), ("builtins", "delattr"),
+        ("builtins", "globals"), ("builtins", "locals"), ("builtins", "vars"), ("builtins", "input"),
+        ("builtins", "breakpoint"), ("builtins", "help"), ("builtins", "exit"), ("builtins", "quit"),
+        ("builtins", "memoryview"), ("builtins", "type"), ("builtins", "print"),
+        ("__builtin__", "eval"), ("__builtin__", "exec"), ("__builtin__", "execfile"), ("__builtin__", "open"),
+        ("__builtin__", "__import__"), ("__builtin__", "getattr"), ("__builtin__", "compile"),
+        ("torch", "load"), ("torch.serialization", "load"), ("torch", "save"), ("torch.serialization", "save"),
+        ("torch", "from_file"), ("torch.storage", "_load_from_bytes"), ("numpy", "load"), ("numpy", "save"),
+        ("numpy", "fromfile"), ("numpy", "loadtxt"), ("numpy.lib.npyio", "load"), ("functools", "reduce"),
+        ("copyreg", "_reconstructor_with_hooks"), ("codecs", "open"), ("io", "open"), ("_io", "open"),
+        ("io", "FileIO"), ("_io", "FileIO"), ("pathlib", "Path"), ("logging", "config"),
+    }
+)
+
+
+def classify(module: str, name: str) -> GlobalClass:
+    """Classify the global `module.name` referenced by a pickle (GLOBAL / STACK_GLOBAL / INST / OBJ opcodes)."""
+    if (module, name) in _DANGEROUS_EXACT:
+        return GlobalClass.DANGEROUS
+    root = module.split(".", 1)[0]
+    if module in _DANGEROUS_MODULES or root in _DANGEROUS_MODULES:
+        # `torch` itself is not in the list; `torch.hub` etc. are matched as whole modules below.
+        return GlobalClass.DANGEROUS
+    for dangerous in _DANGEROUS_MODULES:
+        if "." in dangerous and module.startswith(dangerous + "."):
+            return GlobalClass.DANGEROUS
+    if (module, name) in _ALLOWED_EXACT:
+        return GlobalClass.ALLOWED
+    if module.startswith(_ALLOWED_MODULE_PREFIXES):
+        # A dotted name can still reach a callable through an attribute chain (`megatron.core.x.os.system`).
+        if "." in name or name.startswith("__"):
+            return GlobalClass.DANGEROUS if _attr_chain_is_dangerous(name) else GlobalClass.UNKNOWN
+        return GlobalClass.ALLOWED
+    if module == "torch" and "." not in name:
+        if name in _TORCH_DTYPE_NAMES or name.endswith(_TORCH_ALLOWED_SUFFIXES):
+            return GlobalClass.ALLOWED
+        return GlobalClass.UNKNOWN
+    return GlobalClass.UNKNOWN
+
+
+def _attr_chain_is_dangerous(name: str) -> bool:
+    parts = set(name.split("."))
+    return bool(parts & {"system", "popen", "eval", "exec", "__import__", "__builtins__", "__globals__", "os"})
+
+
+# torch dtype attribute names (`torch.float32`, `torch.bfloat16`, ...) → the neutral dtype name.
+TORCH_DTYPES: dict[str, str] = {
+    "float64": "float64", "double": "float64", "float32": "float32", "float": "float32",
+    "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
+    "complex128": "complex128", "cdouble": "complex128", "complex64": "complex64", "cfloat": "complex64",
+    "complex32": "complex32", "chalf": "complex32",
+    "int64": "int64", "long": "int64", "int32": "int32", "int": "int32", "int16": "int16", "short": "int16",
+    "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
+    "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2", "float8_e4m3fnuz": "float8_e4m3fnuz",
+    "float8_e5m2fnuz": "float8_e5m2fnuz", "float8_e8m0fnu": "float8_e8m0fnu",
+    "qint8": "qint8", "quint8": "quint8", "qint32": "qint32", "quint4x2": "quint4x2",
+}
+_TORCH_DTYPE_NAMES = frozenset(TORCH_DTYPES)
+
+# Legacy typed storage classes (`torch.FloatStorage`) → dtype, as torch.save writes them in persistent ids.
+TORCH_STORAGE_DTYPES: dict[str, str] = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
+    "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexDoubleStorage": "complex128",
+    "ComplexFloatStorage": "complex64", "QInt8Storage": "qint8", "QUInt8Storage": "quint8",
+    "QInt32Storage": "qint32", "QUInt4x2Storage": "quint4x2", "UntypedStorage": "uint8",
+    "Float8_e4m3fnStorage": "float8_e4m3fn", "Float8_e5m2Storage": "float8_e5m2",
+}

@@ -1,0 +1,144 @@
+"""Torch zip archives (`torch.save`), read without torch: the record directory and the unpickled `data.pkl`.
+
+`common.pt`, legacy `model_optim_rng.pt` / `distrib_optim.pt`, and every item inside a `.distcp` (at its byte range)
+are such archives. Only `data.pkl` is unpickled — through `SafeUnpickler` — and tensor bytes are never read: a tensor
+is a `TensorRef` naming its storage record, whose size and offset come from the zip directory.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+from ckptinspect.errors import LimitExceeded, ReadError
+from ckptinspect.safeio import FileSlice, open_regular
+from ckptinspect.pickling.candidates import archive_walks
+from ckptinspect.pickling.walk import is_pickle_start, walk_stream
+from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error
+
+@dataclass(frozen=True, slots=True)
+class ArchiveRecord:
+    """One member of a torch archive: name (without the archive prefix), stored size, offset of its data."""
+
+    name: str
+    size: int
+    compressed: bool
+    data_offset: int  # offset of the member's bytes inside the archive (-1 when the local header is unreadable)
+
+
+@dataclass(frozen=True, slots=True)
+class TorchArchive:
+    """A `torch.save` zip archive, read without torch: its records and the unpickled `data.pkl` (stand-ins)."""
+
+    prefix: str
+    records: Mapping[str, ArchiveRecord]
+    obj: Any
+    report: PickleReport
+
+
+def is_zip_archive(head: bytes) -> bool:
+    return head[:4] == b"PK\x03\x04"
+
+
+def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None) -> TorchArchive:
+    """Read the torch archive at [offset, offset+length) of `f` (whole file when length is None).
+
+    Raises `ReadError` (CK206/CK205) when it is not a torch zip archive, `LimitExceeded` on a zip bomb.
+    """
+    if length is None:
+        f.seek(0, os.SEEK_END)
+        length = f.tell() - offset
+    view = io.BufferedReader(FileSlice(f, offset, length))
+    head = view.peek(4)[:4]
+    report = PickleReport()
+    if not is_zip_archive(head):
+        if is_pickle_start(head[:2]):
+            # torch.load takes any file that does not start with a zip local header for a legacy (pre-1.6) save and
+            # unpickles its first pickles with the plain unpickler: judge them before refusing the format.
+            report.merge_walk(walk_stream(view, length))
+            raise _with(ReadError("legacy (pre-1.6, non-zip) torch serialization is not supported", "CK206"),
+                        report)
+        raise ReadError("not a torch zip archive (no PK header)", "CK206")
+    # The verdict covers every pickle any zip reader could take from these bytes (`candidates.py`), not only the one
+    # Python's zipfile picks below.
+    walks, _, _ = archive_walks(view, 0, length)
+    for w in walks:
+        if w.walk is not None:
+            report.merge_walk(w.walk, w.where)
+    limits = [w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)]
+    if limits:
+        w = limits[0]
+        raise _with(LimitExceeded(f"{w.where}: {w.problem or (w.walk.limit if w.walk else '')}", "CK603"), report)
+    try:
+        zf = zipfile.ZipFile(view)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, KeyError,
+            UnicodeDecodeError) as e:
+        raise _with(ReadError(f"not a readable zip archive: {short_error(e)}", "CK206"), report) from e
+    with zf:
+        infos = zf.infolist()
+        pkl = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
+        if not pkl:
+            pkl = [i for i in infos if i.filename == "data.pkl"]
+        if not pkl:
+            raise _with(ReadError("zip archive without data.pkl (not a torch.save archive)", "CK206"), report)
+        info = pkl[-1]  # of duplicates, zipfile and torch 2.13 read the later one
+        prefix = info.filename[: -len("data.pkl")]
+        records = {
+            i.filename[len(prefix) :]: ArchiveRecord(
+                i.filename[len(prefix) :], i.file_size, i.compress_type != zipfile.ZIP_STORED,
+                _data_offset(view, i),
+            )
+            for i in infos
+            if i.filename.startswith(prefix)
+        }
+        if report.unsafe:
+            return TorchArchive(prefix, records, None, report)  # its stand-ins would be no state dict anyway
+        if info.file_size > MAX_ARCHIVE_PICKLE_BYTES:
+            raise _with(LimitExceeded(f"data.pkl claims {info.file_size} bytes", "CK603"), report)
+        try:
+            with zf.open(info) as member:
+                data = member.read(MAX_ARCHIVE_PICKLE_BYTES + 1)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, zlib.error) as e:
+            raise _with(ReadError(f"data.pkl unreadable: {short_error(e)}", "CK206"), report) from e
+        except RuntimeError as e:  # encrypted members
+            raise _with(ReadError(f"data.pkl unreadable: {short_error(e)}", "CK206"), report) from e
+        if len(data) > MAX_ARCHIVE_PICKLE_BYTES:
+            raise _with(LimitExceeded("data.pkl decompresses past the bound (zip bomb?)", "CK603"), report)
+    try:
+        obj = load_pickle(data, report)
+    except ReadError as e:
+        raise _with(e, report)
+    return TorchArchive(prefix, records, obj, report)
+
+
+def _with(e: ReadError, report: PickleReport) -> ReadError:
+    e.report = report
+    return e
+
+
+def _data_offset(view: IO[bytes], info: zipfile.ZipInfo) -> int:
+    """Where a member's bytes start: after its 30-byte local header, file name and extra field."""
+    try:
+        view.seek(info.header_offset)
+        head = view.read(30)
+    except (OSError, ValueError):
+        return -1
+    if len(head) < 30 or head[:4] != b"PK\x03\x04":
+        return -1
+    name_len = int.from_bytes(head[26:28], "little")
+    extra_len = int.from_bytes(head[28:30], "little")
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def read_torch_file(path: str | os.PathLike[str]) -> TorchArchive:
+    """Read a whole `.pt` file (`common.pt`, `model_optim_rng.pt`, `distrib_optim.pt`)."""
+    try:
+        with open_regular(path) as f:
+            return read_torch_archive(f)
+    except OSError as e:
+        raise ReadError(f"cannot read {os.fspath(path)}: {e.strerror or e}", "CK206") from e
