@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -27,9 +27,13 @@ from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PREWALK_MAX_BYTES
 MAX_NESTED = 3  # zip archives inside zip archives
 MAX_MEMBERS = 100_000  # members of one archive
 MAX_NESTED_BYTES = 256 << 20  # a compressed nested archive is inflated in memory up to this
-MAX_FALLBACK_BYTES = 4 << 30  # unreferenced .distcp bytes searched for archives, per file
+MAX_FALLBACK_BYTES = 4 << 30  # kept for callers; unreferenced bytes are walked by zip headers, never searched whole
+MAX_TAIL = 22 + 0xFFFF  # an end record lies within its archive's last 64 KiB + 22 bytes
 ZIP_LOCAL = b"PK\x03\x04"
 ZIP_END = b"PK\x05\x06"
+CENTRAL = b"PK\x01\x02"
+END64 = b"PK\x06\x06"
+END64_LOCATOR = b"PK\x06\x07"
 _STORAGE_DIR = re.compile(r"(^|/)data/[^/]+$")  # torch archive storages: raw tensor bytes, never unpickled
 
 
@@ -225,48 +229,59 @@ class ContainerScan:
                                              inner.unreadable_code), depth + 1)
 
     def unreferenced(self, f: IO[bytes], label: str, subject: str, file_rel: str, start: int, end: int) -> None:
-        """Bytes of a data file no stored item covers (no `.metadata`, stale bytes): torch writes items as zip
-        archives back to back, so each candidate runs from a local header to an end record. A candidate that does
-        not open (an end-record signature inside tensor bytes) is skipped without a finding."""
-        if end - start > MAX_FALLBACK_BYTES:
-            self.bound(Where(label, subject, file_rel, start, end - start, None),
-                       f"{end - start} unreferenced bytes: only the first {MAX_FALLBACK_BYTES} are searched")
-            end = start + MAX_FALLBACK_BYTES
-        cur = start
-        for rec_at in _find_all(f, ZIP_END, start, end):
-            if rec_at < cur:
-                continue
-            f.seek(rec_at + 20)
-            clen = f.read(2)
-            stop = rec_at + 22 + (int.from_bytes(clen, "little") if len(clen) == 2 else 0)
-            if stop > end:
-                continue
-            begin = _find(f, ZIP_LOCAL, cur, rec_at)
-            if begin is None:
-                continue
-            if self.archive(f, Where(label, f"{subject}@{begin}", file_rel, begin, stop - begin, None, True), 0):
-                cur = stop
+        """Bytes of a data file no stored item covers (no `.metadata`, a stale file, stale bytes): torch writes items
+        as zip archives back to back, and its local headers carry no sizes (data descriptors), so the archives are
+        found from the end backwards: each end record gives its archive's start (end record - directory size -
+        directory offset), right after the previous archive's end record. Only end records and directories are
+        read, never the tensor bytes; what does not chain that way is not searched further."""
+        found: list[tuple[int, int]] = []
+        stop = end
+        while stop - start >= 22 and len(found) < MAX_MEMBERS:
+            lo = max(start, stop - MAX_TAIL)
+            f.seek(lo)
+            tail = f.read(stop - lo)
+            at = _end_record(tail)
+            if at is None:
+                break
+            begin = _archive_start(f, lo + at, tail[at : at + 22])
+            if begin is None or begin < start:
+                break
+            found.append((begin, stop))
+            stop = begin
+        for begin, finish in reversed(found):
+            self.archive(f, Where(label, f"{subject}@{begin}", file_rel, begin, finish - begin, None, True), 0)
 
 
 # --- helpers -------------------------------------------------------------------------------------------------------
 
 
-def _find_all(f: IO[bytes], needle: bytes, start: int, end: int, block: int = 1 << 20) -> Iterator[int]:
-    """Every offset of `needle` in [start, end) of `f`, read block by block (bounded memory)."""
-    pos = start
-    keep = len(needle) - 1
-    while pos < end:
-        f.seek(pos)
-        chunk = f.read(min(block, end - pos))
-        if not chunk:
-            return
-        i = chunk.find(needle)
-        while i >= 0:
-            yield pos + i
-            i = chunk.find(needle, i + 1)
-        if pos + len(chunk) >= end:
-            return
-        pos += max(1, len(chunk) - keep)
+def _end_record(tail: bytes) -> int | None:
+    """Offset in `tail` of the end record whose comment reaches the end of `tail` (the last signature otherwise)."""
+    i = tail.rfind(ZIP_END)
+    last = i
+    while i >= 0:
+        if i + 22 <= len(tail) and i + 22 + int.from_bytes(tail[i + 20 : i + 22], "little") == len(tail):
+            return i
+        i = tail.rfind(ZIP_END, 0, i)
+    return last if last >= 0 else None
+
+
+def _archive_start(f: IO[bytes], at: int, rec: bytes) -> int | None:
+    """Where the archive whose end record is at `at` starts (zip64 end records followed when present)."""
+    if len(rec) < 22:
+        return None
+    cd_size, cd_offset, dir_end = int.from_bytes(rec[12:16], "little"), int.from_bytes(rec[16:20], "little"), at
+    if at >= 20:
+        f.seek(at - 20)
+        loc = f.read(20)
+        if loc[:4] == END64_LOCATOR and at - 76 >= 0:
+            f.seek(at - 76)
+            r64 = f.read(56)
+            if r64[:4] == END64:
+                cd_size, cd_offset = int.from_bytes(r64[40:48], "little"), int.from_bytes(r64[48:56], "little")
+                dir_end = at - 76
+    begin = dir_end - cd_size - cd_offset
+    return begin if 0 <= begin <= at else None
 
 
 def _find(f: IO[bytes], needle: bytes, start: int, end: int) -> int | None:

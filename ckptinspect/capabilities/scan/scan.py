@@ -135,6 +135,10 @@ class _Scan(ContainerScan):
             if name.endswith(PICKLE_SUFFIXES):
                 self.pickle_file(p, rel, label, prefix + name)
             elif name.endswith(".distcp") or name in items:
+                if items and name not in items:
+                    self.findings.append(Finding(
+                        "CK204", f"{prefix}{name}: data file not referenced by .metadata (stale leftover?); scanned "
+                        "by its zip headers", prefix + name, label, {"file": _join_rel(rel, name)}))
                 self.data_file(p, rel, label, prefix, name, items.get(name, []))
         for name in sorted(set(items) - set(files)):
             # `.metadata` may name files in sub-directories (relative_path with a '/'), or outside the checkpoint
