@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+import lzma
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -103,7 +104,8 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
         try:
             with zf.open(info) as member:
                 data = member.read(MAX_ARCHIVE_PICKLE_BYTES + 1)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, zlib.error) as e:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, zlib.error, lzma.LZMAError,
+                MemoryError) as e:  # corrupt deflate / bzip2 / LZMA data is a finding
             raise _with(ReadError(f"data.pkl unreadable: {short_error(e)}", "CK206"), report) from e
         except RuntimeError as e:  # encrypted members
             raise _with(ReadError(f"data.pkl unreadable: {short_error(e)}", "CK206"), report) from e
