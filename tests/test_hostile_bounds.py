@@ -292,3 +292,18 @@ def test_scan_reads_no_unreferenced_data_file_end_to_end(ckpt: Path) -> None:
     assert time.monotonic() - start < 30
     assert "CK204" in {f.code for f in report.findings}
     assert report.status is Status.COMPLETE
+
+
+@pytest.mark.parametrize("vocab", [10**15, (1 << 40) * 6, 10**5000, -7], ids=["1e15", "2**40x6", "5000-digits",
+                                                                              "negative"])
+def test_resume_with_an_absurd_padded_vocab_size_is_closed_form(vocab: int, ckpt: Path) -> None:
+    import torch
+
+    state = torch.load(FULLY / "common.pt", weights_only=False)
+    state["args"].padded_vocab_size = vocab
+    common_with(ckpt, state)
+    start = time.monotonic()
+    r = cli("resume", str(ckpt), "--tp", "2", "--pp", "1", "-o", "json")
+    assert r.returncode in (0, 1), r.stderr
+    json.loads(r.stdout)
+    assert time.monotonic() - start < 30
