@@ -70,6 +70,7 @@ class Copy:
     ep: int  # EP rank; -1 for a dense tensor
     holders: tuple[int, ...]
     main: int
+    order: tuple[int, int, int, int]  # registration order: (first / layers / last, layer, param index, expert)
 
 
 def _placement(m: ModelSpec, t: Target, p: ParamSpec) -> list[tuple[int | None, int, int]]:
@@ -83,7 +84,7 @@ def _placement(m: ModelSpec, t: Target, p: ParamSpec) -> list[tuple[int | None, 
 
 def copies(m: ModelSpec, t: Target) -> Iterator[Copy]:
     """Every saved chunk of every parameter at target `t` (tied output layers included, `saved` tells)."""
-    for p in m.params:
+    for index, p in enumerate(m.params):
         if not p.saved and t.pp == 1:
             continue  # a tied output layer is its own parameter only on a last stage that is not the first
         tp_size = t.etp_ if p.experts else t.tp
@@ -100,7 +101,9 @@ def copies(m: ModelSpec, t: Target) -> Iterator[Copy]:
                         offs[p.tp_axis] = j * (p.shape[p.tp_axis] // pieces)
                     key_offs = lead + ((e,) if e is not None else ()) + tuple(offs)
                     holders, main = _holders(t, stage, tp, ep)
-                    yield Copy(p, key_offs, numel, stage, vchunk, tp, ep, holders, main)
+                    region = 1 if layer is not None else (0 if p.stage is Stage.FIRST else 2)
+                    order = (region, layer or 0, index, e or 0)
+                    yield Copy(p, key_offs, numel, stage, vchunk, tp, ep, holders, main, order)
 
 
 def _holders(t: Target, stage: int, tp: int, ep: int) -> tuple[tuple[int, ...], int]:
@@ -149,7 +152,7 @@ def _dp_reshardable(t: Target, all_copies: list[Copy], states: tuple[str, ...], 
     # their own DP groups (DDP's `expert_parallel_buffers`).
     buffers: dict[tuple[str, int, int, int, int], list[BufferParam]] = {}
     tied_model = _tied(all_copies)
-    for c in all_copies:
+    for c in sorted(all_copies, key=lambda c: c.order):
         if c.ep >= 0:
             group = ("expert", c.stage, c.vchunk, c.ep, max(c.tp, 0))
             tps = [max(c.tp, 0)] if c.tp >= 0 else list(range(t.etp_))
