@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from ckptinspect.estimate.items import FP32, WriteItem, _states, copies
 from ckptinspect.estimate.ranks import dense_rank, dp_group, expert_rank
@@ -35,21 +35,25 @@ def _add(by_rank: ByRank, rank: int, component: str, n: int) -> None:
     by_rank.setdefault(rank, dict.fromkeys(COMPONENTS, 0))[component] += n
 
 
-def assign(items: Iterable[WriteItem], t: Target, fully_parallel: bool) -> tuple[ByRank, dict[int, int]]:
-    """Bytes per rank and component, and items per rank."""
-    by_rank: ByRank = {}
-    counts: dict[int, int] = defaultdict(int)
+def place(items: Iterable[WriteItem], t: Target, fully_parallel: bool) -> Iterator[tuple[WriteItem, int]]:
+    """Every item with the rank that writes it."""
     groups: dict[tuple[int, ...], list[WriteItem]] = defaultdict(list)
     for it in items:
         if fully_parallel and it.tensor:
             groups[dp_group(t, it.main)].append(it)
         else:
-            _add(by_rank, it.main, it.component, it.stored)
-            counts[it.main] += 1
+            yield it, it.main
     for group, members in groups.items():
-        for it, rank in _greedy(group, members):
-            _add(by_rank, rank, it.component, it.stored)
-            counts[rank] += 1
+        yield from _greedy(group, members)
+
+
+def assign(items: Iterable[WriteItem], t: Target, fully_parallel: bool) -> tuple[ByRank, dict[int, int]]:
+    """Bytes per rank and component, and items per rank."""
+    by_rank: ByRank = {}
+    counts: dict[int, int] = defaultdict(int)
+    for it, rank in place(items, t, fully_parallel):
+        _add(by_rank, rank, it.component, it.stored)
+        counts[rank] += 1
     return by_rank, dict(counts)
 
 
