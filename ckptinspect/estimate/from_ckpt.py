@@ -197,7 +197,8 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
         return round(sum(v) / len(v)) if v else default
 
     return ObjectCosts(
-        rng=mean("rng", d.rng), rerun=mean("rerun", d.rerun), extra_state=mean("extra", d.extra_state),
+        # a family the checkpoint does not have costs nothing (0.19 fixtures without rerun state, no TE modules)
+        rng=mean("rng", 0), rerun=mean("rerun", 0), extra_state=mean("extra", d.extra_state),
         extra_state_modules=round(len(sizes["extra"]) / num_layers) if num_layers else 0,
         optim_objects=round(sum(sizes["optim"]) / groups) if sizes["optim"] else 0,
         common=common or d.common, others=others,
