@@ -174,12 +174,14 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
     """Object sizes measured on the checkpoint's own byte items."""
     sizes: dict[str, list[int]] = defaultdict(list)
     others: dict[str, int] = {}
+    per_dp = False
     for o in ckpt.objects:
         if o.storage is None:
             continue
         n = o.storage.length
         if o.family.endswith("rng_state"):
             sizes["rng"].append(n)
+            per_dp = per_dp or (o.grid is not None and len(o.grid) == 3)
         elif o.family.startswith("rerun_state_machine_state"):
             sizes["rerun"].append(n)
         elif o.family.endswith("._extra_state"):
@@ -201,5 +203,5 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
         rng=mean("rng", 0), rerun=mean("rerun", 0), extra_state=mean("extra", d.extra_state),
         extra_state_modules=round(len(sizes["extra"]) / num_layers) if num_layers else 0,
         optim_objects=round(sum(sizes["optim"]) / groups) if sizes["optim"] else 0,
-        common=common or d.common, others=others,
+        common=common or d.common, others=others, rng_per_dp=per_dp,
     )

@@ -190,8 +190,9 @@ def _tied(all_copies: list[Copy]) -> bool:
 def _objects(m: ModelSpec, t: Target, costs: ObjectCosts) -> Iterator[WriteItem]:
     for stage in range(t.pp):
         for tp in range(t.tp):
-            r = dense_rank(t, stage, 0, tp)
-            yield WriteItem("rng", 0, costs.rng, (f"rng_state/{stage}.{tp}", ()), (r,), r, tensor=False)
+            for dp in range(t.dp if costs.rng_per_dp else 1):
+                r = dense_rank(t, stage, dp, tp)
+                yield WriteItem("rng", 0, costs.rng, (f"rng_state/{stage}.{tp}.{dp}", ()), (r,), r, tensor=False)
     for r in range(t.world):
         yield WriteItem("other", 0, costs.rerun, (f"rerun_state_machine_state/{r}", ()), (r,), r, tensor=False)
     for layer in range(m.num_layers):

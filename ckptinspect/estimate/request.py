@@ -101,7 +101,7 @@ def run(req: EstimateRequest) -> Estimate:
         t = _target(req.target, None)
         _check_description(d, t)
         return estimate_model(model_from_description(d, t.tp), t, _save(req.save, None), req.bandwidths,
-                              ObjectCosts(extra_state_modules=4))
+                              ObjectCosts(extra_state_modules=4, rng_per_dp=t.ep > 1))
     return _from_checkpoint(req, req.from_path) if req.from_path is not None else _never()
 
 

@@ -153,7 +153,8 @@ def _components(params: int, dtype: str, o: SaveOptions, t: Target, costs: Objec
         "model": params * (dtype_size(dtype) or 2),
         "fp32_master": params * FP32 if master else 0,
         "optimizer_moments": params * FP32 * (len(states) - int(master)),
-        "rng_args_scheduler": costs.rng * t.pp * t.tp + costs.rerun * t.world + costs.common,
+        "rng_args_scheduler": costs.rng * t.pp * t.tp * (t.dp if costs.rng_per_dp else 1)
+        + costs.rerun * t.world + costs.common,
     }
 
 

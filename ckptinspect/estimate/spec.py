@@ -192,7 +192,10 @@ class ObjectCosts:
     optim_objects: the DistributedOptimizer's dp_reshardable ShardedObjects (param groups, per_bucket_numel,
         per_bucket_numel_unpadded) of one model-parallel group, written by its DP rank 0.
     common: the common state (args, iteration, scheduler): `common.pt` (≤0.18) or `common_state` (≥0.19).
-    others: any other object family seen in a checkpoint: family → (stored bytes, placement rule name).
+    others: any other object family seen in a checkpoint: family → stored bytes, written by rank 0 (the 0.19+
+        `common_state` item).
+    rng_per_dp: with EP > 1 Megatron-LM's `get_rng_state` saves a (PP, TP, DP) grid with replica 0, so every DP
+        rank writes its own rng item instead of DP rank 0 alone.
     """
 
     rng: int = 35481
@@ -202,3 +205,4 @@ class ObjectCosts:
     optim_objects: int = 1837 + 1261 + 1261
     common: int = 20000
     others: Mapping[str, int] = field(default_factory=dict)
+    rng_per_dp: bool = False
