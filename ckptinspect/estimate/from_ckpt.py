@@ -35,6 +35,7 @@ from ckptinspect.summary import component_of
 
 _LAYER_INDEX = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")
+_OPTIM_OBJECT = re.compile(r"^(chained_\d+\.)?optimizer\.distributed\.dp_group_idx_(\d+)\.")
 
 # Module registration order inside one transformer layer (Megatron-Core `TransformerLayer`: input_layernorm,
 # self_attention (linear_proj is created in `Attention.__init__` before `SelfAttention` adds linear_qkv), q/k
@@ -174,6 +175,7 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
     """Object sizes measured on the checkpoint's own byte items."""
     sizes: dict[str, list[int]] = defaultdict(list)
     others: dict[str, int] = {}
+    optim: dict[str, dict[int, int]] = {}  # chained prefix -> dp_group_idx -> bytes
     per_dp = False
     for o in ckpt.objects:
         if o.storage is None:
@@ -185,14 +187,21 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
         elif o.family.startswith("rerun_state_machine_state"):
             sizes["rerun"].append(n)
         elif o.family.endswith("._extra_state"):
-            sizes["extra"].append(n)
-        elif o.family.startswith("optimizer."):
-            sizes["optim"].append(n)
+            sizes["expert_extra" if ".experts." in o.family else "extra"].append(n)
+        elif (m := _OPTIM_OBJECT.match(o.family)) is not None:
+            optim.setdefault(m.group(1) or "", {}).setdefault(int(m.group(2)), 0)
+            optim[m.group(1) or ""][int(m.group(2))] += n
         else:
             others[o.family] = others.get(o.family, 0) + n
     common = next((f.size for f in ckpt.files if f.name == "common.pt" and f.size), None)
     d = ObjectCosts()
-    groups = max(target.tp * target.pp, 1)
+    # Megatron chains the dense optimizer first and the expert optimizer second (`chained_0.`, `chained_1.`); the
+    # expert one has a group per (pp, ep, etp) instead of per (pp, tp).
+    prefixes = sorted(optim)
+    expert = prefixes[-1] if len(prefixes) > 1 else None
+    per_group = {p: round(sum(g.values()) / len(g)) for p, g in optim.items() if g}
+    experts = max((o.grid[1] for o in ckpt.objects
+                   if o.grid is not None and len(o.grid) == 2 and ".experts." in o.family), default=0)
 
     def mean(k: str, default: int) -> int:
         v = sizes.get(k)
@@ -202,6 +211,9 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
         # a family the checkpoint does not have costs nothing (0.19 fixtures without rerun state, no TE modules)
         rng=mean("rng", 0), rerun=mean("rerun", 0), extra_state=mean("extra", d.extra_state),
         extra_state_modules=round(len(sizes["extra"]) / num_layers) if num_layers else 0,
-        optim_objects=round(sum(sizes["optim"]) / groups) if sizes["optim"] else 0,
+        expert_extra_state_modules=round(len(sizes["expert_extra"]) / (num_layers * experts))
+        if num_layers and experts else 0,
+        optim_objects=next((v for p, v in per_group.items() if p != expert), 0),
+        expert_optim_objects=per_group.get(expert, 0) if expert is not None else 0,
         common=common or d.common, others=others, rng_per_dp=per_dp,
     )

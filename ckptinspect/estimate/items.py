@@ -150,7 +150,9 @@ def _dp_reshardable(t: Target, all_copies: list[Copy], states: tuple[str, ...], 
                     ) -> Iterator[WriteItem]:
     # One grad buffer per (model-parallel group, model chunk); dense and expert params in separate buffers over
     # their own DP groups (DDP's `expert_parallel_buffers`).
-    buffers: dict[tuple[str, int, int, int, int], list[BufferParam]] = {}
+    # A parameter's chunks on one TP rank are one buffer entry: SwiGLU's W and V pieces are halves of one
+    # `linear_fc1.weight` (dict order keeps registration order).
+    sizes: dict[tuple[tuple[str, int, int, int, int], tuple[int, int, int, int]], BufferParam] = {}
     tied_model = _tied(all_copies)
     for c in sorted(all_copies, key=lambda c: c.order):
         if c.ep >= 0:
@@ -162,7 +164,11 @@ def _dp_reshardable(t: Target, all_copies: list[Copy], states: tuple[str, ...], 
         for x in tps:  # a TP-replicated parameter sits in every TP rank's buffer
             g = group[:4] + (x,)
             tied = not c.param.saved or (tied_model and c.param.key == "embedding.word_embeddings.weight")
-            buffers.setdefault(g, []).append(BufferParam(c.param.key, c.numel, tied))
+            prev = sizes.get((g, c.order))
+            sizes[(g, c.order)] = BufferParam(c.param.key, c.numel + (prev.numel if prev else 0), tied)
+    buffers: dict[tuple[str, int, int, int, int], list[BufferParam]] = {}
+    for (g, _), bp in sizes.items():
+        buffers.setdefault(g, []).append(bp)
     for (kind, stage, vchunk, ep, tp), params in buffers.items():
         dp = t.edp if kind == "expert" else t.dp * t.cp
         for d, slices in enumerate(rank_slices(params, dp)):
@@ -175,12 +181,19 @@ def _dp_reshardable(t: Target, all_copies: list[Copy], states: tuple[str, ...], 
                 for sl in slices:
                     yield WriteItem("optimizer", sl.length * FP32, sl.length * FP32 + TENSOR_ITEM_OVERHEAD,
                                     (f"{key}.bucket_{sl.bucket}.{s}", (sl.offset,)), (rank,), rank)
-    # Param groups, per_bucket_numel, per_bucket_numel_unpadded: one set per dense model-parallel group.
+    # Param groups, per_bucket_numel, per_bucket_numel_unpadded: one set per dense model-parallel group, and with
+    # MoE one per expert group (chained optimizer).
     for stage in range(t.pp):
         for tp in range(t.tp):
             r = dense_rank(t, stage, 0, tp)
             yield WriteItem("optimizer", 0, costs.optim_objects, (f"optimizer.distributed.{stage}.{tp}", ()),
                             (r,), r, tensor=False)
+        if any(c.ep >= 0 for c in all_copies) and costs.expert_optim_objects:
+            for ep in range(t.ep):
+                for etp in range(t.etp_):
+                    r = expert_rank(t, stage, 0, ep, etp)
+                    yield WriteItem("optimizer", 0, costs.expert_optim_objects,
+                                    (f"chained_1.optimizer.distributed.{stage}.{ep}.{etp}", ()), (r,), r, tensor=False)
 
 
 def _tied(all_copies: list[Copy]) -> bool:
@@ -195,10 +208,16 @@ def _objects(m: ModelSpec, t: Target, costs: ObjectCosts) -> Iterator[WriteItem]
                 yield WriteItem("rng", 0, costs.rng, (f"rng_state/{stage}.{tp}.{dp}", ()), (r,), r, tensor=False)
     for r in range(t.world):
         yield WriteItem("other", 0, costs.rerun, (f"rerun_state_machine_state/{r}", ()), (r,), r, tensor=False)
+    experts = max((p.experts for p in m.params), default=0)
     for layer in range(m.num_layers):
         stage, _ = stage_of_layer(t, m.num_layers, layer)
         r = dense_rank(t, stage, 0, 0)
         for k in range(costs.extra_state_modules):
             yield WriteItem("model", 0, costs.extra_state, (f"_extra_state.{k}/{layer}", ()), (r,), r, tensor=False)
+        for e in range(experts if costs.expert_extra_state_modules else 0):
+            r = expert_rank(t, stage, 0, e // max(experts // t.ep, 1), 0)
+            for k in range(costs.expert_extra_state_modules):
+                yield WriteItem("model", 0, costs.extra_state, (f"experts._extra_state.{k}/{layer}.{e}", ()), (r,), r,
+                                tensor=False)
     for family, size in sorted(costs.others.items()):
         yield WriteItem("other", 0, size, (family, ()), (0,), 0, tensor=False)

@@ -189,8 +189,12 @@ class ObjectCosts:
     rerun: one `rerun_state_machine_state/shard_{rank}` item, written by every rank.
     extra_state: one TE `_extra_state/shard_{layer}` item, per layer per linear module, by (tp 0, dp 0) of its stage.
     extra_state_modules: linear modules with an `_extra_state` per layer (qkv, proj, fc1, fc2).
+    expert_extra_state_modules: `_extra_state` items per (MoE layer, expert) (expert fc1, fc2), written by expert-DP
+        rank 0 of the expert's EP rank.
     optim_objects: the DistributedOptimizer's dp_reshardable ShardedObjects (param groups, per_bucket_numel,
         per_bucket_numel_unpadded) of one model-parallel group, written by its DP rank 0.
+    expert_optim_objects: the same for the expert optimizer (the second of Megatron's chained optimizers, keys
+        `chained_1.`), one set per (pp, ep, etp) group, written by its expert-DP rank 0.
     common: the common state (args, iteration, scheduler): `common.pt` (≤0.18) or `common_state` (≥0.19).
     others: any other object family seen in a checkpoint: family → stored bytes, written by rank 0 (the 0.19+
         `common_state` item).
@@ -202,7 +206,9 @@ class ObjectCosts:
     rerun: int = 1709
     extra_state: int = 1261
     extra_state_modules: int = 4
+    expert_extra_state_modules: int = 0
     optim_objects: int = 1837 + 1261 + 1261
     common: int = 20000
     others: Mapping[str, int] = field(default_factory=dict)
     rng_per_dp: bool = False
+    expert_optim_objects: int = 0
