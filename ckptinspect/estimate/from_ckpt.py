@@ -47,6 +47,10 @@ _LAYER_ORDER = (
     "pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm", "mlp.router.", "mlp.experts.", "mlp.shared_experts.",
     "mlp.linear_fc1.", "mlp.linear_fc2.",
 )
+_TP_AXIS_BY_NAME = (
+    ("linear_qkv.weight", 0), ("linear_qkv.bias", 0), ("linear_fc1.weight", 0), ("linear_fc1.bias", 0),
+    ("linear_proj.weight", 1), ("linear_fc2.weight", 1), ("word_embeddings.weight", 0), ("output_layer.weight", 0),
+)
 _TOP_ORDER = ("embedding.word_embeddings.", "embedding.position_embeddings.", "embedding.", "decoder.layers.",
               "decoder.final_layernorm.", "decoder.", "output_layer.")
 
@@ -99,6 +103,12 @@ def param_spec(t: Tensor, num_layers: int, tp: int, etp: int) -> ParamSpec | Non
             size = etp if experts else tp
             pieces = frags // size if size and frags % size == 0 else frags
             break
+    if tp_axis is None:
+        # Saved at TP = 1 (or ETP = 1) nothing is split: Megatron's column-parallel layers split axis 0, the
+        # row-parallel ones axis 1, so another target TP can still be costed.
+        tp_axis = next((ax for suffix, ax in _TP_AXIS_BY_NAME if t.key.endswith(suffix)), None)
+        if tp_axis is not None and tp_axis >= len(axes):
+            tp_axis = None
     local_shape = tuple(shape[a] for a in axes)
     stage = Stage.FIRST if t.key.startswith("embedding.") or num_layers == 0 else Stage.LAST
     return ParamSpec(t.key, local_shape, layers, stage, experts, tp_axis, pieces, True, t.dtype)
