@@ -17,12 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
-from ckptinspect.estimate.buckets import BufferParam, rank_slices
-from ckptinspect.estimate.describe import GptDescription, model_from_description
-from ckptinspect.estimate.from_ckpt import costs_from, model_from, options_from, target_from
-from ckptinspect.estimate.items import torch_dist_items
-from ckptinspect.estimate.result import estimate_model
-from ckptinspect.estimate.volumes import place
+from ckptinspect.capabilities.estimate.buckets import BufferParam, rank_slices
+from ckptinspect.capabilities.estimate.describe import GptDescription, model_from_description
+from ckptinspect.capabilities.estimate.from_ckpt import costs_from, model_from, options_from, target_from
+from ckptinspect.capabilities.estimate.items import torch_dist_items
+from ckptinspect.capabilities.estimate.result import estimate_model
+from ckptinspect.capabilities.estimate.volumes import place
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.formats.sniff import sniff

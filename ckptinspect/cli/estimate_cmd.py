@@ -1,6 +1,6 @@
 """`ckptinspect estimate`: what a save will cost before the job runs (`register(app)` adds it to the typer app).
 
-Thin shell over `ckptinspect.estimate.request.run`: parse options into an `EstimateRequest`, run, render
+Thin shell over `ckptinspect.capabilities.estimate.request.run`: parse options into an `EstimateRequest`, run, render
 (text / json, and `--svg FILE` for the per-rank write-volume chart). Exit 0; 2 for options that cannot describe a job.
 """
 
@@ -89,9 +89,9 @@ def estimate(  # noqa: PLR0913 - one option per knob of the arithmetic, as the i
 
     def body() -> int:
         from ckptinspect.errors import UsageError
-        from ckptinspect.estimate import Bandwidths, Optimizer, OptimSharding, SaveFormat
-        from ckptinspect.estimate.describe import GptDescription
-        from ckptinspect.estimate.request import EstimateRequest, SaveArgs, TargetArgs, run
+        from ckptinspect.capabilities.estimate import Bandwidths, Optimizer, OptimSharding, SaveFormat
+        from ckptinspect.capabilities.estimate.describe import GptDescription
+        from ckptinspect.capabilities.estimate.request import EstimateRequest, SaveArgs, TargetArgs, run
 
         only(output, (Output.TEXT, Output.JSON))
         if min(write_bw, aggregate_bw, d2h_bw) <= 0:

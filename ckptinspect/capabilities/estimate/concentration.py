@@ -27,9 +27,9 @@ def writer_concentration(ckpt: Checkpoint, by_rank: Mapping[int, Mapping[str, in
     """CK801 when DP rank 0 wrote (nearly) all weight bytes of a torch_dist checkpoint saved with DP×CP > 1."""
     if ckpt.format is not Format.TORCH_DIST or not by_rank:
         return
-    from ckptinspect.estimate.from_ckpt import costs_from, model_from, options_from, target_from
-    from ckptinspect.estimate.ranks import dense_coords
-    from ckptinspect.estimate.result import estimate_model
+    from ckptinspect.capabilities.estimate.from_ckpt import costs_from, model_from, options_from, target_from
+    from ckptinspect.capabilities.estimate.ranks import dense_coords
+    from ckptinspect.capabilities.estimate.result import estimate_model
 
     t = target_from(ckpt)
     if t.dp * t.cp < 2 or t.world != (ckpt.topology.world_size or t.world):

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from ckptinspect.estimate.spec import (
+from ckptinspect.capabilities.estimate.spec import (
     ModelSpec,
     ObjectCosts,
     Optimizer,
@@ -31,7 +31,7 @@ from ckptinspect.estimate.spec import (
     Target,
 )
 from ckptinspect.model import Checkpoint, Format, Tensor
-from ckptinspect.summary import component_of
+from ckptinspect.capabilities.audit.summary import component_of
 
 _LAYER_INDEX = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")

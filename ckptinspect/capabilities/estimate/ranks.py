@@ -9,7 +9,7 @@ ranks, ``etp-ep-dp-pp``: ``rank = etp + ETP·(ep + EP·(edp + EDP·pp))`` with E
 
 from __future__ import annotations
 
-from ckptinspect.estimate.spec import Target
+from ckptinspect.capabilities.estimate.spec import Target
 
 
 def dense_rank(t: Target, pp: int, dp: int, tp: int, cp: int = 0) -> int:

@@ -22,9 +22,9 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-from ckptinspect.estimate.items import FP32, WriteItem, _states, copies
-from ckptinspect.estimate.ranks import dense_rank, dp_group, expert_rank
-from ckptinspect.estimate.spec import ModelSpec, ObjectCosts, SaveOptions, Target
+from ckptinspect.capabilities.estimate.items import FP32, WriteItem, _states, copies
+from ckptinspect.capabilities.estimate.ranks import dense_rank, dp_group, expert_rank
+from ckptinspect.capabilities.estimate.spec import ModelSpec, ObjectCosts, SaveOptions, Target
 from ckptinspect.model import dtype_size
 
 COMPONENTS = ("model", "optimizer", "rng", "other")

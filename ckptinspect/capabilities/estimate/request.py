@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptinspect.errors import UsageError
-from ckptinspect.estimate.describe import GptDescription, model_from_description
-from ckptinspect.estimate.result import Estimate, estimate_model, estimate_params
-from ckptinspect.estimate.spec import Bandwidths, ObjectCosts, Optimizer, OptimSharding, SaveFormat, SaveOptions, Target
+from ckptinspect.capabilities.estimate.describe import GptDescription, model_from_description
+from ckptinspect.capabilities.estimate.result import Estimate, estimate_model, estimate_params
+from ckptinspect.capabilities.estimate.spec import Bandwidths, ObjectCosts, Optimizer, OptimSharding, SaveFormat, SaveOptions, Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ def _check_description(d: GptDescription, t: Target) -> None:
 
 
 def _from_checkpoint(req: EstimateRequest, path: Path) -> Estimate:
-    from ckptinspect.estimate.from_ckpt import costs_from, model_from, options_from, target_from
+    from ckptinspect.capabilities.estimate.from_ckpt import costs_from, model_from, options_from, target_from
     from ckptinspect.formats import read_checkpoint
     from ckptinspect.formats.resolve import resolve_checkpoint
     from ckptinspect.model import Format

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptinspect.estimate.items import FP32, _states, torch_dist_items
-from ckptinspect.estimate.quick import quick_legacy, quick_torch_dist
-from ckptinspect.estimate.ranks import node_of
-from ckptinspect.estimate.spec import (
+from ckptinspect.capabilities.estimate.items import FP32, _states, torch_dist_items
+from ckptinspect.capabilities.estimate.quick import quick_legacy, quick_torch_dist
+from ckptinspect.capabilities.estimate.ranks import node_of
+from ckptinspect.capabilities.estimate.spec import (
     Bandwidths,
     ModelSpec,
     ObjectCosts,
@@ -28,7 +28,7 @@ from ckptinspect.estimate.spec import (
     SaveOptions,
     Target,
 )
-from ckptinspect.estimate.volumes import COMPONENTS, ByRank, assign, legacy_by_rank
+from ckptinspect.capabilities.estimate.volumes import COMPONENTS, ByRank, assign, legacy_by_rank
 from ckptinspect.model import dtype_size
 
 UNITS = "decimal: 1 kB = 10^3 B, 1 MB = 10^6 B, 1 GB = 10^9 B; bandwidths in decimal bytes per second"

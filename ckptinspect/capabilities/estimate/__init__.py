@@ -7,8 +7,8 @@ Stages: a model (`ModelSpec`, from a description, a checkpoint, or only a parame
 
 from __future__ import annotations
 
-from ckptinspect.estimate.result import Estimate, Volume, estimate_model, estimate_params
-from ckptinspect.estimate.spec import (
+from ckptinspect.capabilities.estimate.result import Estimate, Volume, estimate_model, estimate_params
+from ckptinspect.capabilities.estimate.spec import (
     Bandwidths,
     ModelSpec,
     ObjectCosts,

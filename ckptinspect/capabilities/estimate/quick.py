@@ -11,10 +11,10 @@ Per-item archive overhead is left out here (the item count is unknown); the exac
 
 from __future__ import annotations
 
-from ckptinspect.estimate.items import FP32, _states
-from ckptinspect.estimate.ranks import dense_rank
-from ckptinspect.estimate.spec import ObjectCosts, SaveOptions, Target
-from ckptinspect.estimate.volumes import ByRank, _add
+from ckptinspect.capabilities.estimate.items import FP32, _states
+from ckptinspect.capabilities.estimate.ranks import dense_rank
+from ckptinspect.capabilities.estimate.spec import ObjectCosts, SaveOptions, Target
+from ckptinspect.capabilities.estimate.volumes import ByRank, _add
 from ckptinspect.model import dtype_size
 
 

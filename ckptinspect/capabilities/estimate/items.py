@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ckptinspect.estimate.buckets import BufferParam, rank_slices
-from ckptinspect.estimate.ranks import dense_rank, expert_rank, stage_of_layer
-from ckptinspect.estimate.spec import (
+from ckptinspect.capabilities.estimate.buckets import BufferParam, rank_slices
+from ckptinspect.capabilities.estimate.ranks import dense_rank, expert_rank, stage_of_layer
+from ckptinspect.capabilities.estimate.spec import (
     TENSOR_ITEM_OVERHEAD,
     ModelSpec,
     ObjectCosts,

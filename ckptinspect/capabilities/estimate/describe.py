@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ckptinspect.estimate.spec import ModelSpec, ParamSpec, Stage
+from ckptinspect.capabilities.estimate.spec import ModelSpec, ParamSpec, Stage
 
 
 @dataclass(frozen=True, slots=True)
