@@ -64,6 +64,7 @@ def test_quick_form_reproduces_the_design_notes() -> None:
     # the formula's value within 2 %, and the notes' rounded figure.
     assert close(stall["torch_dist_sync"], 105e9 / 100e9) and round(stall["torch_dist_sync"]) == 1
     assert close(stall["torch_dist_async"], 410e6 / 25e9) and round(stall["torch_dist_async"] * 1e3) == 16
+    assert stall["configured"] == stall["torch_dist_sync"]
     assert close(d["async_host_memory_per_node"], 3.3e9)
     assert d["files"] == 256 + 3  # one .distcp per rank + common.pt, .metadata, metadata.json
 
@@ -72,7 +73,13 @@ def test_legacy_form_concentrates_on_four_writers() -> None:
     d = run_json("estimate", *QUICK, "--format", "torch")
     assert d["per_rank"]["format"] == "torch" and d["per_rank"]["writers"] == 4
     assert close(d["per_rank"]["max"], 26.3e9) and close(d["stall_seconds"]["legacy_sync"], 13.0)
+    assert d["stall_seconds"]["configured"] == d["stall_seconds"]["legacy_sync"]
     assert {r["rank"] for r in d["per_rank"]["heaviest"][:4]} == {0, 1, 128, 129}  # DP rank 0 of each (tp, pp)
+
+
+def test_async_stall_is_the_device_to_host_copy() -> None:
+    d = run_json("estimate", *QUICK, "--async", "--d2h-bw", "50")
+    assert close(d["stall_seconds"]["configured"], 410e6 / 50e9) and d["options"]["async"] is True
 
 
 def test_not_fully_parallel_puts_the_weights_on_dp_rank_0() -> None:

@@ -45,9 +45,9 @@ def render_estimate(e: Estimate) -> RenderableType:
     head.append(f"target: TP={tg.tp} PP={tg.pp} DP={tg.dp} EP={tg.ep} ETP={tg.etp_} CP={tg.cp} VPP={tg.vpp}"
                 f"  world={tg.world}, {tg.gpus_per_node} GPUs per node\n")
     fp = "fully parallel" if o.fully_parallel else "not fully parallel"
+    optim = f"distributed optimizer ({o.optim_sharding.value})" if o.distributed_optimizer else "no DistOpt"
     head.append(f"save: {o.format.value} ({fp if o.format.value == 'torch_dist' else 'per-rank files'}), "
-                f"{'async' if o.async_save else 'sync'}, {o.optimizer.value}, "
-                f"{'distributed optimizer (' + o.optim_sharding.value + ')' if o.distributed_optimizer else 'no DistOpt'}\n")
+                f"{'async' if o.async_save else 'sync'}, {o.optimizer.value}, {optim}\n")
     bw = e.bandwidths
     head.append(f"assumed bandwidths: write {decimal_bytes(bw.write)}/s per stream, aggregate "
                 f"{decimal_bytes(bw.aggregate)}/s, D2H {decimal_bytes(bw.d2h)}/s\n")
@@ -81,6 +81,7 @@ def render_estimate(e: Estimate) -> RenderableType:
     cost.add_row("stall: legacy sync (heaviest writer / write bw)", seconds(e.stall_seconds["legacy_sync"]))
     cost.add_row("stall: torch_dist sync (total / aggregate bw)", seconds(e.stall_seconds["torch_dist_sync"]))
     cost.add_row("stall: torch_dist async (heaviest rank / D2H bw)", seconds(e.stall_seconds["torch_dist_async"]))
+    cost.add_row("stall of the save as configured", seconds(e.stall_seconds["configured"]))
     cost.add_row("async pinned host memory per node", decimal_bytes(e.host_memory_per_node))
     cost.add_row("files in the checkpoint dir", str(e.files))
     notes = Text("\n".join(f"note: {n}" for n in e.notes[1:]), style="dim")

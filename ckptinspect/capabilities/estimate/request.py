@@ -13,7 +13,15 @@ from pathlib import Path
 from ckptinspect.errors import UsageError
 from ckptinspect.capabilities.estimate.describe import GptDescription, model_from_description
 from ckptinspect.capabilities.estimate.result import Estimate, estimate_model, estimate_params
-from ckptinspect.capabilities.estimate.spec import Bandwidths, ObjectCosts, Optimizer, OptimSharding, SaveFormat, SaveOptions, Target
+from ckptinspect.capabilities.estimate.spec import (
+    Bandwidths,
+    ObjectCosts,
+    Optimizer,
+    OptimSharding,
+    SaveFormat,
+    SaveOptions,
+    Target,
+)
 
 
 @dataclass(frozen=True, slots=True)

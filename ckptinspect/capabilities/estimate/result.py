@@ -102,7 +102,8 @@ class Estimate:
         rng_args_scheduler.
     chosen: the save as configured; torch_dist / legacy: both formats for the comparison.
     concentration: legacy's heaviest writer / torch_dist's heaviest rank.
-    stall_seconds: legacy_sync, torch_dist_sync, torch_dist_async (the torch_dist figures use `torch_dist`).
+    stall_seconds: legacy_sync, torch_dist_sync, torch_dist_async (the torch_dist figures use `torch_dist`), and
+        configured: the one of the save as configured (`--format`, `--async`).
     host_memory_per_node: async save, bytes held in host memory on the busiest node while the write runs.
     """
 
@@ -169,6 +170,11 @@ def _finish(source: str, params: int, dtype: str, t: Target, o: SaveOptions, bw:
         "torch_dist_sync": max(td.bytes / bw.aggregate, td.max / bw.write),
         "torch_dist_async": td.max / bw.d2h,
     }
+    # The stall of the save as configured (legacy has no async path: Megatron raises, so it counts as sync).
+    if o.format is SaveFormat.TORCH:
+        stalls["configured"] = stalls["legacy_sync"]
+    else:
+        stalls["configured"] = stalls["torch_dist_async" if o.async_save else "torch_dist_sync"]
     notes = [f"units: {UNITS}", "legacy (--ckpt-format torch) cannot save asynchronously (Megatron raises)",
              *notes]
     return Estimate(source, params, dtype, t, o, bw, costs, _components(params, dtype, o, t, costs), chosen, td,

@@ -1,7 +1,7 @@
 """Who writes what: the items of a save assigned to ranks, for torch_dist (fully parallel or not) and legacy.
 
 torch_dist without the fully parallel wrapper: every item is written by its main replica (DP rank 0 of its group for
-model tensors, the owner for dp_reshardable optimizer slices) — `TorchDistSaveShardedStrategy(keep_only_main_replica)`.
+model tensors, the owner for dp_reshardable optimizer slices): `TorchDistSaveShardedStrategy(keep_only_main_replica)`.
 
 torch_dist with `--ckpt-fully-parallel-save` (Megatron's default): `FullyParallelSaveStrategyWrapper` re-elects the
 main replica of every sharded *tensor* inside the DP×CP group that holds its main replica, with the deterministic
