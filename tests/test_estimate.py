@@ -105,6 +105,10 @@ def test_text_and_svg(tmp_path: Path) -> None:
     (["--from", str(SAMPLES / "legacy")], "torch_dist"),
     (["--from", str(SAMPLES / "no-such-dir")], "no such file"),
     (["--params", "1e9", "--write-bw", "0"], "positive"),
+    (["--params", "1e9", "--dp", "100000000"], "more than estimate handles"),
+    (["--params", "1e9", "--tp", "0"], "at least 1"),
+    (["--params", "1e9", "--etp", "0"], "at least 1"),
+    (["--params", "inf"], "positive"),
 ])
 def test_bad_input_is_a_usage_error(args: list[str], message: str) -> None:
     code, out = run("estimate", *args)

@@ -24,6 +24,11 @@ from ckptinspect.capabilities.estimate.spec import (
 )
 
 
+# Every rank is costed one by one; a million ranks is beyond any job run today and still answers in seconds.
+MAX_WORLD = 1 << 20
+MAX_PARAMS = 1e16
+
+
 @dataclass(frozen=True, slots=True)
 class TargetArgs:
     """Topology options; None = the checkpoint's own value (`--from`) or 1."""
@@ -66,12 +71,20 @@ class EstimateRequest:
 
 def _target(a: TargetArgs, base: Target | None) -> Target:
     b = base or Target()
-    t = Target(tp=a.tp or b.tp, pp=a.pp or b.pp, dp=a.dp or b.dp, ep=a.ep or b.ep, cp=a.cp or b.cp,
-               vpp=a.vpp or b.vpp, etp=a.etp or b.etp, gpus_per_node=a.gpus_per_node)
+    def pick(v: int | None, default: int) -> int:
+        return default if v is None else v
+
+    t = Target(tp=pick(a.tp, b.tp), pp=pick(a.pp, b.pp), dp=pick(a.dp, b.dp), ep=pick(a.ep, b.ep),
+               cp=pick(a.cp, b.cp), vpp=pick(a.vpp, b.vpp), etp=a.etp if a.etp is not None else b.etp,
+               gpus_per_node=a.gpus_per_node)
     for name, v in (("tp", t.tp), ("pp", t.pp), ("dp", t.dp), ("ep", t.ep), ("cp", t.cp), ("vpp", t.vpp),
                     ("etp", t.etp_), ("gpus-per-node", t.gpus_per_node)):
         if v < 1:
             raise UsageError(f"--{name} must be at least 1, got {v}")
+    if a.etp is not None and a.etp < 1:
+        raise UsageError(f"--etp must be at least 1, got {a.etp}")
+    if t.world > MAX_WORLD:
+        raise UsageError(f"TP*PP*DP*CP = {t.world:,} ranks is more than estimate handles ({MAX_WORLD:,})")
     if (t.tp * t.cp * t.dp) % (t.etp_ * t.ep):
         raise UsageError(f"TP*CP*DP = {t.tp * t.cp * t.dp} is not divisible by ETP*EP = {t.etp_ * t.ep} "
                          "(Megatron's expert groups need it): change --ep / --etp / --dp")
@@ -86,7 +99,7 @@ def _save(a: SaveArgs, base: SaveOptions | None) -> SaveOptions:
         async_save=a.async_save,
         distributed_optimizer=b.distributed_optimizer if a.distributed_optimizer is None else a.distributed_optimizer,
         optimizer=a.optimizer or b.optimizer, optim_sharding=a.optim_sharding or b.optim_sharding,
-        files_per_rank=a.files_per_rank or b.files_per_rank,
+        files_per_rank=b.files_per_rank if a.files_per_rank is None else a.files_per_rank,
     )
     if s.files_per_rank < 1:
         raise UsageError("--files-per-rank must be at least 1")
@@ -100,8 +113,8 @@ def run(req: EstimateRequest) -> Estimate:
         raise UsageError("give exactly one model source: --params N, a description (--layers --hidden --heads "
                          "--vocab ...), or --from CKPT")
     if req.params is not None:
-        if not req.params > 0:
-            raise UsageError(f"--params must be positive, got {req.params}")
+        if not 0 < req.params <= MAX_PARAMS:
+            raise UsageError(f"--params must be positive and at most {MAX_PARAMS:.0e}, got {req.params}")
         return estimate_params(int(req.params), req.dtype, _target(req.target, None), _save(req.save, None),
                                req.bandwidths)
     if req.description is not None:
