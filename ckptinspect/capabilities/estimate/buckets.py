@@ -38,6 +38,11 @@ def _pad(n: int, divisor: int) -> int:
     return int(math.ceil(n / divisor) * divisor)
 
 
+def unpadded_numel(params: Sequence[BufferParam], dp: int, bucket_size: int | None = None) -> int:
+    """Elements of the buffer without the bucket-end padding (what `dp_zero_gather_scatter` gathers)."""
+    return sum((spans[-1][1] if spans else start) - start for start, _, spans in bucket_layout(params, dp, bucket_size))
+
+
 def bucket_layout(params: Sequence[BufferParam], dp: int, bucket_size: int | None = None
                   ) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """Buckets as (start, padded end, [(param start, param end)...]) in buffer coordinates.
@@ -69,8 +74,11 @@ def bucket_layout(params: Sequence[BufferParam], dp: int, bucket_size: int | Non
     return buckets
 
 
-def rank_slices(params: Sequence[BufferParam], dp: int, bucket_size: int | None = None) -> list[list[Slice]]:
-    """Per DP rank, the chunks it saves for one state of one buffer (parameter slices and interior padding)."""
+def rank_slices(params: Sequence[BufferParam], dp: int, bucket_size: int | None = None,
+                padding: bool = True) -> list[list[Slice]]:
+    """Per DP rank, the chunks it saves for one state of one buffer: parameter slices and, with `padding`
+    (dp_reshardable), the interior alignment gaps; without it (0.8-0.13 `fully_sharded_model_space`) only the
+    parameter slices."""
     out: list[list[Slice]] = [[] for _ in range(dp)]
     for b, (b_start, b_end, spans) in enumerate(bucket_layout(params, dp, bucket_size)):
         unpadded_end = spans[-1][1] if spans else b_start
@@ -78,7 +86,7 @@ def rank_slices(params: Sequence[BufferParam], dp: int, bucket_size: int | None 
         pieces: list[tuple[int, int]] = []
         cursor = b_start
         for s, e in spans:
-            if s > cursor:
+            if s > cursor and padding:
                 pieces.append((cursor, s))
             pieces.append((s, e))
             cursor = e

@@ -167,8 +167,9 @@ def options_from(ckpt: Checkpoint) -> SaveOptions:
         m = _RANK_FILE.search(f.name)
         if m:
             per_rank[int(m.group(1))] += 1
-    sharding = OptimSharding.FULLY_RESHARDABLE if ckpt.optimizer_sharding == "fully_reshardable" \
-        else OptimSharding.DP_RESHARDABLE
+    # 0.8's `fully_sharded_bucket_space` saved bucket slices like dp_reshardable
+    known = {s.value: s for s in OptimSharding}
+    sharding = known.get(ckpt.optimizer_sharding or "", OptimSharding.DP_RESHARDABLE)
     opt = str(_arg(ckpt.args, "optimizer", "adam")).lower()
     return SaveOptions(
         format=SaveFormat.TORCH if ckpt.format is Format.TORCH else SaveFormat.TORCH_DIST,
@@ -198,6 +199,8 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
             sizes["rerun"].append(n)
         elif o.family.endswith("._extra_state"):
             sizes["expert_extra" if ".experts." in o.family else "extra"].append(n)
+        elif o.family.endswith(".param_state") and _OPTIM_OBJECT.match(o.family):
+            continue  # 0.8-0.13 dp_zero_gather_scatter: the gathered state itself, predicted from the shapes
         elif (m := _OPTIM_OBJECT.match(o.family)) is not None:
             optim.setdefault(m.group(1) or "", {}).setdefault(int(m.group(2)), 0)
             optim[m.group(1) or ""][int(m.group(2))] += n

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ckptinspect.capabilities.estimate.buckets import BufferParam, rank_slices
+from ckptinspect.capabilities.estimate.buckets import BufferParam, rank_slices, unpadded_numel
 from ckptinspect.capabilities.estimate.ranks import dense_rank, expert_rank, stage_of_layer
 from ckptinspect.capabilities.estimate.spec import (
     TENSOR_ITEM_OVERHEAD,
@@ -140,14 +140,14 @@ def torch_dist_items(m: ModelSpec, t: Target, o: SaveOptions, costs: ObjectCosts
             for s in states:
                 items.append(WriteItem("optimizer", c.numel * FP32, c.numel * FP32 + TENSOR_ITEM_OVERHEAD,
                                        (f"optimizer.state.{s}.{c.param.key}", c.offsets), c.holders, c.main))
-    if o.distributed_optimizer and o.optim_sharding is OptimSharding.DP_RESHARDABLE:
-        items.extend(_dp_reshardable(t, all_copies, states, costs))
+    if o.distributed_optimizer and o.optim_sharding is not OptimSharding.FULLY_RESHARDABLE:
+        items.extend(_dp_sharded(t, all_copies, states, costs, o.optim_sharding))
     items.extend(_objects(m, t, costs))
     return items
 
 
-def _dp_reshardable(t: Target, all_copies: list[Copy], states: tuple[str, ...], costs: ObjectCosts
-                    ) -> Iterator[WriteItem]:
+def _dp_sharded(t: Target, all_copies: list[Copy], states: tuple[str, ...], costs: ObjectCosts,
+                sharding: OptimSharding) -> Iterator[WriteItem]:
     # One grad buffer per (model-parallel group, model chunk); dense and expert params in separate buffers over
     # their own DP groups (DDP's `expert_parallel_buffers`).
     # A parameter's chunks on one TP rank are one buffer entry: SwiGLU's W and V pieces are halves of one
@@ -171,12 +171,19 @@ def _dp_reshardable(t: Target, all_copies: list[Copy], states: tuple[str, ...], 
         buffers.setdefault(g, []).append(bp)
     for (kind, stage, vchunk, ep, tp), params in buffers.items():
         dp = t.edp if kind == "expert" else t.dp * t.cp
-        for d, slices in enumerate(rank_slices(params, dp)):
+        key = f"optimizer.distributed.{kind}.{stage}.{ep}.{tp}.gbuf_{vchunk}"
+        if sharding is OptimSharding.DP_ZERO_GATHER_SCATTER:
+            # the whole group's state gathered to its DP rank 0 and saved as one byte item
+            rank = expert_rank(t, stage, 0, ep, tp) if kind == "expert" else dense_rank(t, stage, 0, tp)
+            n = unpadded_numel(params, dp) * FP32 * len(states)
+            yield WriteItem("optimizer", 0, n + TENSOR_ITEM_OVERHEAD, (key, ()), (rank,), rank, tensor=False)
+            continue
+        padding = sharding is not OptimSharding.FULLY_SHARDED_MODEL_SPACE
+        for d, slices in enumerate(rank_slices(params, dp, padding=padding)):
             if kind == "expert":
                 rank = expert_rank(t, stage, d, ep, tp)
             else:
                 rank = dense_rank(t, stage, d // t.cp, tp, d % t.cp)
-            key = f"optimizer.distributed.{kind}.{stage}.{ep}.{tp}.gbuf_{vchunk}"
             for s in states:
                 for sl in slices:
                     yield WriteItem("optimizer", sl.length * FP32, sl.length * FP32 + TENSOR_ITEM_OVERHEAD,

@@ -134,6 +134,10 @@ class OptimSharding(enum.Enum):
 
     DP_RESHARDABLE = "dp_reshardable"  # per-bucket 1-D slices, each DP rank writes its own
     FULLY_RESHARDABLE = "fully_reshardable"  # one fp32 tensor per model param, distributed like the weights
+    # Megatron-Core 0.8-0.13 (producers reference "generations"): per-parameter flattened slices of each DP rank's
+    # range (no padding chunks); or the whole group's state gathered to DP rank 0 as one ShardedObject.
+    FULLY_SHARDED_MODEL_SPACE = "fully_sharded_model_space"
+    DP_ZERO_GATHER_SCATTER = "dp_zero_gather_scatter"
 
 
 @dataclass(frozen=True, slots=True)
