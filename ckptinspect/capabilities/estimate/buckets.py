@@ -23,15 +23,18 @@ class BufferParam:
     name: str
     numel: int
     shared_embedding: bool = False
+    tp_replicated: bool = False  # the same parameter sits in every TP rank's buffer (layernorms, row-parallel bias)
 
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    """One saved 1-D chunk: bucket index, offset inside the bucket, length (elements)."""
+    """One saved 1-D chunk: bucket index, offset inside the bucket, length (elements), and the index (in
+    registration order) of the parameter it belongs to, -1 for padding."""
 
     bucket: int
     offset: int
     length: int
+    param: int = -1
 
 
 def _pad(n: int, divisor: int) -> int:
@@ -80,21 +83,22 @@ def rank_slices(params: Sequence[BufferParam], dp: int, bucket_size: int | None 
     (dp_reshardable), the interior alignment gaps; without it (0.8-0.13 `fully_sharded_model_space`) only the
     parameter slices."""
     out: list[list[Slice]] = [[] for _ in range(dp)]
+    order = list(reversed(range(len(params))))  # the buffer is filled in reverse registration order
     for b, (b_start, b_end, spans) in enumerate(bucket_layout(params, dp, bucket_size)):
         unpadded_end = spans[-1][1] if spans else b_start
         # Pieces tiling [b_start, unpadded_end): parameters and the 64-alignment gaps between them.
-        pieces: list[tuple[int, int]] = []
+        pieces: list[tuple[int, int, int]] = []
         cursor = b_start
         for s, e in spans:
             if s > cursor and padding:
-                pieces.append((cursor, s))
-            pieces.append((s, e))
+                pieces.append((cursor, s, -1))
+            pieces.append((s, e, order.pop(0)))
             cursor = e
         per_rank = (b_end - b_start) // dp
         for r in range(dp):
             lo, hi = b_start + r * per_rank, b_start + (r + 1) * per_rank
-            for s, e in pieces:
+            for s, e, index in pieces:
                 a, z = max(s, lo), min(e, hi)
                 if a < z:
-                    out[r].append(Slice(b, a - b_start, z - a))
+                    out[r].append(Slice(b, a - b_start, z - a, index))
     return out

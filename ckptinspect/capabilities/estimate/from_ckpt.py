@@ -187,7 +187,7 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
     sizes: dict[str, list[int]] = defaultdict(list)
     others: dict[str, int] = {}
     optim: dict[str, dict[int, int]] = {}  # chained prefix -> dp_group_idx -> bytes
-    per_dp = False
+    per_dp = rerun_grid = False
     for o in ckpt.objects:
         if o.storage is None:
             continue
@@ -197,6 +197,7 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
             per_dp = per_dp or (o.grid is not None and len(o.grid) == 3)
         elif o.family.startswith("rerun_state_machine_state"):
             sizes["rerun"].append(n)
+            rerun_grid = rerun_grid or (o.grid is not None and len(o.grid) == 2)
         elif o.family.endswith("._extra_state"):
             sizes["expert_extra" if ".experts." in o.family else "extra"].append(n)
         elif o.family.endswith(".param_state") and _OPTIM_OBJECT.match(o.family):
@@ -228,5 +229,5 @@ def costs_from(ckpt: Checkpoint, target: Target, num_layers: int) -> ObjectCosts
         if num_layers and experts else 0,
         optim_objects=next((v for p, v in per_group.items() if p != expert), 0),
         expert_optim_objects=per_group.get(expert, 0) if expert is not None else 0,
-        common=common or d.common, others=others, rng_per_dp=per_dp,
+        common=common or d.common, others=others, rng_per_dp=per_dp, rerun_per_rank=not rerun_grid,
     )

@@ -165,7 +165,7 @@ def _dp_sharded(t: Target, all_copies: list[Copy], states: tuple[str, ...], cost
             g = group[:4] + (x,)
             tied = not c.param.saved or (tied_model and c.param.key == "embedding.word_embeddings.weight")
             prev = sizes.get((g, c.order))
-            sizes[(g, c.order)] = BufferParam(c.param.key, c.numel + (prev.numel if prev else 0), tied)
+            sizes[(g, c.order)] = BufferParam(c.param.key, c.numel + (prev.numel if prev else 0), tied, c.tp < 0)
     buffers: dict[tuple[str, int, int, int, int], list[BufferParam]] = {}
     for (g, _), bp in sizes.items():
         buffers.setdefault(g, []).append(bp)
@@ -180,6 +180,9 @@ def _dp_sharded(t: Target, all_copies: list[Copy], states: tuple[str, ...], cost
             continue
         padding = sharding is not OptimSharding.FULLY_SHARDED_MODEL_SPACE
         for d, slices in enumerate(rank_slices(params, dp, padding=padding)):
+            if not padding and tp > 0:
+                # per-parameter keys (0.8-0.13): a TP-replicated parameter's state is saved by TP rank 0 only
+                slices = [sl for sl in slices if sl.param < 0 or not params[sl.param].tp_replicated]
             if kind == "expert":
                 rank = expert_rank(t, stage, d, ep, tp)
             else:
@@ -213,8 +216,15 @@ def _objects(m: ModelSpec, t: Target, costs: ObjectCosts) -> Iterator[WriteItem]
             for dp in range(t.dp if costs.rng_per_dp else 1):
                 r = dense_rank(t, stage, dp, tp)
                 yield WriteItem("rng", 0, costs.rng, (f"rng_state/{stage}.{tp}.{dp}", ()), (r,), r, tensor=False)
-    for r in range(t.world):
-        yield WriteItem("other", 0, costs.rerun, (f"rerun_state_machine_state/{r}", ()), (r,), r, tensor=False)
+    if costs.rerun_per_rank:
+        for r in range(t.world):
+            yield WriteItem("other", 0, costs.rerun, (f"rerun_state_machine_state/{r}", ()), (r,), r, tensor=False)
+    else:  # megatron-core <= 0.13: a (PP, TP) grid like the rng state, written by DP rank 0
+        for stage in range(t.pp):
+            for tp in range(t.tp):
+                r = dense_rank(t, stage, 0, tp)
+                yield WriteItem("other", 0, costs.rerun, (f"rerun_state_machine_state/{stage}.{tp}", ()), (r,), r,
+                                tensor=False)
     experts = max((p.experts for p in m.params), default=0)
     for layer in range(m.num_layers):
         stage, _ = stage_of_layer(t, m.num_layers, layer)

@@ -155,7 +155,7 @@ def _components(params: int, dtype: str, o: SaveOptions, t: Target, costs: Objec
         "fp32_master": params * FP32 if master else 0,
         "optimizer_moments": params * FP32 * (len(states) - int(master)),
         "rng_args_scheduler": costs.rng * t.pp * t.tp * (t.dp if costs.rng_per_dp else 1)
-        + costs.rerun * t.world + costs.common,
+        + costs.rerun * (t.world if costs.rerun_per_rank else t.pp * t.tp) + costs.common,
     }
 
 

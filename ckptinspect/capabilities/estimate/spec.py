@@ -202,6 +202,7 @@ class ObjectCosts:
     common: the common state (args, iteration, scheduler): `common.pt` (≤0.18) or `common_state` (≥0.19).
     others: any other object family seen in a checkpoint: family → stored bytes, written by rank 0 (the 0.19+
         `common_state` item).
+    rerun_per_rank: False for megatron-core <= 0.13, whose rerun state is a (PP, TP) grid written by DP rank 0.
     rng_per_dp: with EP > 1 Megatron-LM's `get_rng_state` saves a (PP, TP, DP) grid with replica 0, so every DP
         rank writes its own rng item instead of DP rank 0 alone.
     """
@@ -216,3 +217,4 @@ class ObjectCosts:
     others: Mapping[str, int] = field(default_factory=dict)
     rng_per_dp: bool = False
     expert_optim_objects: int = 0
+    rerun_per_rank: bool = True
