@@ -196,3 +196,21 @@ def test_description_matches_the_checkpoint() -> None:
     costs = costs_from(ckpt, t, 2)
     assert estimate_model(described, t, o, costs=costs).chosen.by_rank == \
         estimate_model(from_ckpt, t, o, costs=costs).chosen.by_rank
+
+
+def test_audit_names_the_flag_when_dp_rank_0_wrote_the_weights() -> None:
+    """CK801 on the sample saved with --no-ckpt-fully-parallel-save: info only (status complete, exit 0), with the
+    measured and the predicted heaviest rank; absent on the fully parallel saves."""
+    code, out = run("audit", str(SAMPLES / "torch_dist_not_fully"), "-o", "json")
+    doc = json.loads(out)
+    ck801 = [f for f in doc["findings"] if f["code"] == "CK801"]
+    assert code == 0 and doc["status"] == "complete" and len(ck801) == 1
+    f = ck801[0]
+    assert f["severity"] == "info" and "--ckpt-fully-parallel-save" in f["message"]
+    d = f["details"]
+    assert d["dp_rank0_weight_share"] == 1.0
+    assert d["fully_parallel_max_rank_weight_bytes"] < d["measured_max_rank_weight_bytes"]
+    by_rank = doc["summary"]["by_rank"]
+    assert d["measured_max_rank_bytes"] == max(sum(c.values()) for c in by_rank.values())
+    for name in ("torch_dist", "torch_dist_fully"):
+        assert "CK801" not in {f["code"] for f in run_json("audit", str(SAMPLES / name))["findings"]}
