@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from xml.etree import ElementTree
 from typing import Any
 
 import pytest
@@ -94,6 +95,7 @@ def test_text_and_svg(tmp_path: Path) -> None:
     assert code == 0 and "decimal" in out and "410.2 MB" in out and "26.25 GB" in out and "13.13 s" in out
     text = svg.read_text()
     assert text.startswith("<svg") and text.count("<rect") > 256 and "rank 129" in text
+    ElementTree.fromstring(text)  # well-formed
 
 
 @pytest.mark.parametrize("args, message", [

@@ -203,4 +203,6 @@ def estimate_model(m: ModelSpec, t: Target, o: SaveOptions, bw: Bandwidths | Non
     td = Volume("torch_dist", o.fully_parallel, by_rank, t.world, files)
     lby, lfiles = legacy_by_rank(m, t, o, costs)
     legacy = Volume("torch", None, lby, t.world, lfiles)
-    return _finish(m.source, m.total_params, m.param_dtype, t, o, bw, costs, td, legacy, [])
+    return _finish(m.source, m.total_params, m.param_dtype, t, o, bw, costs, td, legacy,
+                   ["legacy volumes are tensor payload plus object sizes: the per-tensor torch.save archive records "
+                    "are not counted (a few hundred bytes per tensor)"])
