@@ -116,7 +116,7 @@ def _holders(t: Target, stage: int, tp: int, ep: int) -> tuple[tuple[int, ...], 
     return hold, dense_rank(t, stage, 0, max(tp, 0), 0)
 
 
-def _states(o: SaveOptions, model_dtype: str) -> tuple[str, ...]:
+def saved_states(o: SaveOptions, model_dtype: str) -> tuple[str, ...]:
     """Optimizer state tensors saved per parameter: fp32 master (always with the distributed optimizer; with a
     16-bit model otherwise) and the moments."""
     moments = ("exp_avg", "exp_avg_sq") if o.optimizer.moments == 2 else ("momentum_buffer",)
@@ -127,7 +127,7 @@ def _states(o: SaveOptions, model_dtype: str) -> tuple[str, ...]:
 def torch_dist_items(m: ModelSpec, t: Target, o: SaveOptions, costs: ObjectCosts) -> list[WriteItem]:
     """Every item a torch_dist save of `m` at `t` writes."""
     items: list[WriteItem] = []
-    states = _states(o, m.param_dtype)
+    states = saved_states(o, m.param_dtype)
     all_copies = list(copies(m, t))
     for c in all_copies:
         if not c.param.saved:

@@ -11,10 +11,10 @@ Per-item archive overhead is left out here (the item count is unknown); the exac
 
 from __future__ import annotations
 
-from ckptinspect.capabilities.estimate.items import FP32, _states
+from ckptinspect.capabilities.estimate.items import FP32, saved_states
 from ckptinspect.capabilities.estimate.ranks import dense_rank
 from ckptinspect.capabilities.estimate.spec import ObjectCosts, SaveOptions, Target
-from ckptinspect.capabilities.estimate.volumes import ByRank, _add
+from ckptinspect.capabilities.estimate.volumes import ByRank, add_bytes
 from ckptinspect.model import dtype_size
 
 
@@ -24,7 +24,7 @@ def quick_torch_dist(params: int, dtype: str, t: Target, o: SaveOptions, costs: 
     domain = t.tp * t.pp
     replicas = t.dp * t.cp
     model = params * (dtype_size(dtype) or 2) / domain
-    optim = params * FP32 * len(_states(o, dtype)) / domain
+    optim = params * FP32 * len(saved_states(o, dtype)) / domain
     for pp in range(t.pp):
         for tp in range(t.tp):
             for dp in range(t.dp):
@@ -32,31 +32,31 @@ def quick_torch_dist(params: int, dtype: str, t: Target, o: SaveOptions, costs: 
                     r = dense_rank(t, pp, dp, tp, cp)
                     first = dp == 0 and cp == 0
                     if fully_parallel:
-                        _add(by_rank, r, "model", round(model / replicas))
+                        add_bytes(by_rank, r, "model", round(model / replicas))
                     elif first:
-                        _add(by_rank, r, "model", round(model))
+                        add_bytes(by_rank, r, "model", round(model))
                     if o.distributed_optimizer:
-                        _add(by_rank, r, "optimizer", round(optim / replicas))
+                        add_bytes(by_rank, r, "optimizer", round(optim / replicas))
                     elif fully_parallel:
-                        _add(by_rank, r, "optimizer", round(optim / replicas))
+                        add_bytes(by_rank, r, "optimizer", round(optim / replicas))
                     elif first:
-                        _add(by_rank, r, "optimizer", round(optim))
+                        add_bytes(by_rank, r, "optimizer", round(optim))
                     if first:
-                        _add(by_rank, r, "rng", costs.rng)
-                    _add(by_rank, r, "other", costs.rerun)
+                        add_bytes(by_rank, r, "rng", costs.rng)
+                    add_bytes(by_rank, r, "other", costs.rerun)
     return by_rank
 
 
 def quick_legacy(params: int, dtype: str, t: Target, o: SaveOptions, costs: ObjectCosts) -> tuple[ByRank, int]:
     by_rank: ByRank = {}
     domain = t.tp * t.pp
-    states = len(_states(o, dtype))
+    states = len(saved_states(o, dtype))
     dtype_bytes = dtype_size(dtype) or 2
     for pp in range(t.pp):
         for tp in range(t.tp):
             r = dense_rank(t, pp, 0, tp)
-            _add(by_rank, r, "model", round(params * dtype_bytes / domain))
-            _add(by_rank, r, "optimizer", round(params * FP32 * states / domain))
-            _add(by_rank, r, "rng", costs.rng)
-            _add(by_rank, r, "other", costs.common)
+            add_bytes(by_rank, r, "model", round(params * dtype_bytes / domain))
+            add_bytes(by_rank, r, "optimizer", round(params * FP32 * states / domain))
+            add_bytes(by_rank, r, "rng", costs.rng)
+            add_bytes(by_rank, r, "other", costs.common)
     return by_rank, domain * (2 if o.distributed_optimizer else 1)

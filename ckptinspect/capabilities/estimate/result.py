@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptinspect.capabilities.estimate.items import FP32, _states, torch_dist_items
+from ckptinspect.capabilities.estimate.items import FP32, saved_states, torch_dist_items
 from ckptinspect.capabilities.estimate.quick import quick_legacy, quick_torch_dist
 from ckptinspect.capabilities.estimate.ranks import node_of
 from ckptinspect.capabilities.estimate.spec import (
@@ -148,7 +148,7 @@ class Estimate:
 
 
 def _components(params: int, dtype: str, o: SaveOptions, t: Target, costs: ObjectCosts) -> dict[str, int]:
-    states = _states(o, dtype)
+    states = saved_states(o, dtype)
     master = "param" in states
     return {
         "model": params * (dtype_size(dtype) or 2),

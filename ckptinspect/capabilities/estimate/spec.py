@@ -199,7 +199,8 @@ class ObjectCosts:
         per_bucket_numel_unpadded) of one model-parallel group, written by its DP rank 0.
     expert_optim_objects: the same for the expert optimizer (the second of Megatron's chained optimizers, keys
         `chained_1.`), one set per (pp, ep, etp) group, written by its expert-DP rank 0.
-    common: the common state (args, iteration, scheduler): `common.pt` (≤0.18) or `common_state` (≥0.19).
+    common: the common state (args, iteration, scheduler): `common.pt` (≤0.18) or `common_state` (≥0.19). The
+        default is a rough figure for a full Megatron-LM args Namespace (the samples' reduced args give 3.3 kB).
     others: any other object family seen in a checkpoint: family → stored bytes, written by rank 0 (the 0.19+
         `common_state` item).
     rerun_per_rank: False for megatron-core <= 0.13, whose rerun state is a (PP, TP) grid written by DP rank 0.

@@ -22,7 +22,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-from ckptinspect.capabilities.estimate.items import FP32, WriteItem, _states, copies
+from ckptinspect.capabilities.estimate.items import FP32, WriteItem, copies, saved_states
 from ckptinspect.capabilities.estimate.ranks import dense_rank, dp_group, expert_rank
 from ckptinspect.capabilities.estimate.spec import ModelSpec, ObjectCosts, SaveOptions, Target
 from ckptinspect.model import dtype_size
@@ -31,7 +31,7 @@ COMPONENTS = ("model", "optimizer", "rng", "other")
 ByRank = dict[int, dict[str, int]]
 
 
-def _add(by_rank: ByRank, rank: int, component: str, n: int) -> None:
+def add_bytes(by_rank: ByRank, rank: int, component: str, n: int) -> None:
     by_rank.setdefault(rank, dict.fromkeys(COMPONENTS, 0))[component] += n
 
 
@@ -52,7 +52,7 @@ def assign(items: Iterable[WriteItem], t: Target, fully_parallel: bool) -> tuple
     by_rank: ByRank = {}
     counts: dict[int, int] = defaultdict(int)
     for it, rank in place(items, t, fully_parallel):
-        _add(by_rank, rank, it.component, it.stored)
+        add_bytes(by_rank, rank, it.component, it.stored)
         counts[rank] += 1
     return by_rank, dict(counts)
 
@@ -84,7 +84,7 @@ def _greedy(group: tuple[int, ...], members: list[WriteItem]) -> Iterable[tuple[
 def legacy_by_rank(m: ModelSpec, t: Target, o: SaveOptions, costs: ObjectCosts) -> tuple[ByRank, int]:
     """Bytes each legacy writer serializes, and the number of files (model_optim_rng.pt [+ distrib_optim.pt])."""
     by_rank: ByRank = {}
-    states = len(_states(o, m.param_dtype))
+    states = len(saved_states(o, m.param_dtype))
     shards: set[tuple[int, int, int]] = set()
     for c in copies(m, t):
         # The writer of a copy: DP rank 0 of its (tp, pp) for dense tensors, expert-DP rank 0 for experts; a
@@ -94,11 +94,11 @@ def legacy_by_rank(m: ModelSpec, t: Target, o: SaveOptions, costs: ObjectCosts) 
             writer = expert_rank(t, c.stage, 0, c.ep, tp) if c.ep >= 0 else dense_rank(t, c.stage, 0, tp)
             shards.add((c.stage, tp, max(c.ep, 0)))
             size = dtype_size(c.param.dtype or m.param_dtype) or 2
-            _add(by_rank, writer, "model", c.numel * size)  # a tied output layer is in the last stage's file too
-            _add(by_rank, writer, "optimizer", c.numel * FP32 * states)
+            add_bytes(by_rank, writer, "model", c.numel * size)  # a tied output layer is in the last stage's file too
+            add_bytes(by_rank, writer, "optimizer", c.numel * FP32 * states)
     for stage in range(t.pp):
         for tp in range(t.tp):
-            _add(by_rank, dense_rank(t, stage, 0, tp), "rng", costs.rng)
-            _add(by_rank, dense_rank(t, stage, 0, tp), "other", costs.common)
+            add_bytes(by_rank, dense_rank(t, stage, 0, tp), "rng", costs.rng)
+            add_bytes(by_rank, dense_rank(t, stage, 0, tp), "other", costs.common)
     files = len(shards) * (2 if o.distributed_optimizer else 1)
     return by_rank, files
