@@ -122,12 +122,21 @@ def run(req: EstimateRequest) -> Estimate:
         t = _target(req.target, None)
         _check_description(d, t)
         return estimate_model(model_from_description(d, t.tp), t, _save(req.save, None), req.bandwidths,
-                              ObjectCosts(extra_state_modules=4, rng_per_dp=t.ep > 1))
+                              _description_costs(d, t))
     return _from_checkpoint(req, req.from_path) if req.from_path is not None else _never()
 
 
 def _never() -> Estimate:
     raise UsageError("no model source")
+
+
+def _description_costs(d: GptDescription, t: Target) -> ObjectCosts:
+    """Object counts of a described model: a TE/local `_extra_state` per linear module (qkv, proj, fc1, fc2 in a
+    dense layer; qkv, proj and per expert fc1, fc2 in a MoE layer), the rng grid per DP rank with EP > 1."""
+    moe = d.experts > 0
+    return ObjectCosts(extra_state_modules=2 if moe and d.moe_layer_freq <= 1 else 4,
+                       expert_extra_state_modules=2 if moe else 0, rng_per_dp=t.ep > 1,
+                       expert_optim_objects=ObjectCosts().optim_objects if moe else 0)
 
 
 def _check_description(d: GptDescription, t: Target) -> None:
