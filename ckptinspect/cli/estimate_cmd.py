@@ -7,8 +7,9 @@ Thin shell over `ckptinspect.capabilities.estimate.request.run`: parse options i
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -32,52 +33,68 @@ class ShardingChoice(str, enum.Enum):
     FULLY_RESHARDABLE = "fully_reshardable"
 
 
+def _panel(title: str) -> Callable[..., Any]:
+    """`typer.Option` shown under `title` in `--help` (the command has many options)."""
+
+    def option(*decls: str, **kw: Any) -> Any:
+        return typer.Option(*decls, rich_help_panel=title, **kw)
+
+    return option
+
+
+_SRC = _panel("Model source")
+_DESC = _panel("Model description (exact form)")
+_TOPO = _panel("Target topology")
+_SAVE = _panel("Save")
+_COST = _panel("Cost assumptions (decimal GB/s)")
+
+
 def register(app: typer.Typer) -> None:
     """Add the `estimate` command to `app`."""
     app.command("estimate")(estimate)
 
 
 def estimate(  # noqa: PLR0913 - one option per knob of the arithmetic, as the issue lists them
-    params: Annotated[Optional[float], typer.Option("--params", help="quick form: parameter count (7.5e9)")] = None,
-    from_: Annotated[Optional[Path], typer.Option("--from", help="exact form: read the model from a torch_dist "
+    params: Annotated[Optional[float], _SRC("--params", help="quick form: parameter count (7.5e9)")] = None,
+    from_: Annotated[Optional[Path], _SRC("--from", help="exact form: read the model from a torch_dist "
                                                   "checkpoint (or save dir)")] = None,
-    layers: Annotated[Int, typer.Option("--layers", help="description: decoder layers")] = None,
-    hidden: Annotated[Int, typer.Option("--hidden", help="description: hidden size")] = None,
-    ffn_hidden: Annotated[Int, typer.Option("--ffn-hidden", help="description: MLP size (default 4 x hidden)")] = None,
-    heads: Annotated[Int, typer.Option("--heads", help="description: attention heads")] = None,
-    kv_heads: Annotated[Int, typer.Option("--kv-heads", help="description: query groups (GQA)")] = None,
-    kv_channels: Annotated[Int, typer.Option("--kv-channels", help="description: head dim")] = None,
-    vocab: Annotated[Int, typer.Option("--vocab", help="description: vocabulary (padded like Megatron)")] = None,
-    vocab_divisible_by: Annotated[int, typer.Option("--make-vocab-size-divisible-by")] = 128,
-    experts: Annotated[int, typer.Option("--experts", help="description: MoE experts (0 = dense)")] = 0,
-    moe_ffn_hidden: Annotated[Int, typer.Option("--moe-ffn-hidden", help="description: expert MLP size")] = None,
-    moe_layer_freq: Annotated[int, typer.Option("--moe-layer-freq", help="every n-th layer is MoE")] = 1,
-    swiglu: Annotated[bool, typer.Option("--swiglu/--no-swiglu", help="description: gated linear unit")] = False,
-    tied: Annotated[bool, typer.Option("--tied-embeddings/--untied-embeddings")] = False,
-    rmsnorm: Annotated[bool, typer.Option("--rmsnorm/--layernorm", help="description: norm type")] = False,
-    bias: Annotated[bool, typer.Option("--bias/--no-bias", help="description: --add-bias-linear")] = True,
-    max_position: Annotated[int, typer.Option("--learned-positions", help="description: learned position "
+    layers: Annotated[Int, _DESC("--layers", help="description: decoder layers")] = None,
+    hidden: Annotated[Int, _DESC("--hidden", help="description: hidden size")] = None,
+    ffn_hidden: Annotated[Int, _DESC("--ffn-hidden", help="description: MLP size (default 4 x hidden)")] = None,
+    heads: Annotated[Int, _DESC("--heads", help="description: attention heads")] = None,
+    kv_heads: Annotated[Int, _DESC("--kv-heads", help="description: query groups (GQA)")] = None,
+    kv_channels: Annotated[Int, _DESC("--kv-channels", help="description: head dim")] = None,
+    vocab: Annotated[Int, _DESC("--vocab", help="description: vocabulary (padded like Megatron)")] = None,
+    vocab_divisible_by: Annotated[int, _DESC("--make-vocab-size-divisible-by")] = 128,
+    experts: Annotated[int, _DESC("--experts", help="description: MoE experts (0 = dense)")] = 0,
+    moe_ffn_hidden: Annotated[Int, _DESC("--moe-ffn-hidden", help="description: expert MLP size")] = None,
+    moe_layer_freq: Annotated[int, _DESC("--moe-layer-freq", help="every n-th layer is MoE")] = 1,
+    swiglu: Annotated[bool, _DESC("--swiglu/--no-swiglu", help="description: gated linear unit")] = False,
+    tied: Annotated[bool, _DESC("--tied-embeddings/--untied-embeddings")] = False,
+    rmsnorm: Annotated[bool, _DESC("--rmsnorm/--layernorm", help="description: norm type")] = False,
+    bias: Annotated[bool, _DESC("--bias/--no-bias", help="description: --add-bias-linear")] = True,
+    max_position: Annotated[int, _DESC("--learned-positions", help="description: learned position "
                                               "table size (0 = RoPE)")] = 0,
-    dtype: Annotated[str, typer.Option("--dtype", help="dtype of the saved weights")] = "bfloat16",
-    tp: Annotated[Int, typer.Option("--tp")] = None,
-    pp: Annotated[Int, typer.Option("--pp")] = None,
-    dp: Annotated[Int, typer.Option("--dp")] = None,
-    ep: Annotated[Int, typer.Option("--ep")] = None,
-    etp: Annotated[Int, typer.Option("--etp", help="expert tensor parallel (default TP)")] = None,
-    cp: Annotated[Int, typer.Option("--cp")] = None,
-    vpp: Annotated[Int, typer.Option("--vpp", help="virtual pipeline chunks per stage")] = None,
-    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node")] = 8,
-    fmt: Annotated[FormatChoice, typer.Option("--format", help="torch_dist | torch (legacy)")] =
+    dtype: Annotated[str, _SRC("--dtype", help="dtype of the saved weights")] = "bfloat16",
+    tp: Annotated[Int, _TOPO("--tp")] = None,
+    pp: Annotated[Int, _TOPO("--pp")] = None,
+    dp: Annotated[Int, _TOPO("--dp")] = None,
+    ep: Annotated[Int, _TOPO("--ep")] = None,
+    etp: Annotated[Int, _TOPO("--etp", help="expert tensor parallel (default TP)")] = None,
+    cp: Annotated[Int, _TOPO("--cp")] = None,
+    vpp: Annotated[Int, _TOPO("--vpp", help="virtual pipeline chunks per stage")] = None,
+    gpus_per_node: Annotated[int, _TOPO("--gpus-per-node")] = 8,
+    fmt: Annotated[FormatChoice, _SAVE("--format", help="torch_dist | torch (legacy)")] =
     FormatChoice.TORCH_DIST,
-    fully_parallel: Annotated[Optional[bool], typer.Option("--fully-parallel/--no-fully-parallel")] = None,
-    async_save: Annotated[bool, typer.Option("--async/--sync")] = False,
-    distopt: Annotated[Optional[bool], typer.Option("--distributed-optimizer/--no-distributed-optimizer")] = None,
-    optimizer: Annotated[Optional[OptimizerChoice], typer.Option("--optimizer", help="adam | sgd")] = None,
-    optim_sharding: Annotated[Optional[ShardingChoice], typer.Option("--optim-sharding")] = None,
-    files_per_rank: Annotated[Int, typer.Option("--files-per-rank", help=".distcp files per rank")] = None,
-    write_bw: Annotated[float, typer.Option("--write-bw", help="GB/s of one writer stream")] = 2.0,
-    aggregate_bw: Annotated[float, typer.Option("--aggregate-bw", help="GB/s of the file system")] = 100.0,
-    d2h_bw: Annotated[float, typer.Option("--d2h-bw", help="GB/s device to host")] = 25.0,
+    fully_parallel: Annotated[Optional[bool], _SAVE("--fully-parallel/--no-fully-parallel")] = None,
+    async_save: Annotated[bool, _SAVE("--async/--sync")] = False,
+    distopt: Annotated[Optional[bool], _SAVE("--distributed-optimizer/--no-distributed-optimizer")] = None,
+    optimizer: Annotated[Optional[OptimizerChoice], _SAVE("--optimizer", help="adam | sgd")] = None,
+    optim_sharding: Annotated[Optional[ShardingChoice], _SAVE("--optim-sharding")] = None,
+    files_per_rank: Annotated[Int, _SAVE("--files-per-rank", help=".distcp files per rank")] = None,
+    write_bw: Annotated[float, _COST("--write-bw", help="GB/s of one writer stream")] = 2.0,
+    aggregate_bw: Annotated[float, _COST("--aggregate-bw", help="GB/s of the file system")] = 100.0,
+    d2h_bw: Annotated[float, _COST("--d2h-bw", help="GB/s device to host")] = 25.0,
     svg: Annotated[Optional[Path], typer.Option("--svg", help="write the per-rank write-volume chart")] = None,
     output: OutputOpt = Output.TEXT,
     debug: DebugOpt = False,
