@@ -465,6 +465,12 @@ def _save_legacy(c, model, optimizer, common, rng, ckpt_dir):
 
 
 def _first_line(e: BaseException) -> str:
+    failures = getattr(e, "failures", None)  # torch DCP CheckpointException: {rank: (exc, tb)}
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        if isinstance(inner, BaseException):
+            return f"{type(e).__name__} <- {_first_line(inner)}"
     text = str(e).strip().splitlines()
     frame = traceback.extract_tb(e.__traceback__)[-1]
     where = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
