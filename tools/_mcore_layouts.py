@@ -26,7 +26,8 @@ with CP the TransformerConfig says ``context_parallel_size=1`` while the process
 CP > 1, and each CP rank attends within its own sequence chunk.  Nothing on disk depends on that
 config field: sharding, replica ids and DistributedOptimizer ranges all come from the CP/DP
 process groups (``args.context_parallel_size`` in the checkpoint is the real CP).  And one
-missing-TE fix: ``moe_utils.te_general_gemm`` is defined as None (see _patch_moe_without_te).
+missing-TE fix: ``moe_utils.te_general_gemm`` is defined as None (see _patch_moe_without_te);
+MoE with TP > 1 trains with ``module.training`` False (see _train_mode).
 
 Ground truth (mode ``truth``): one spawn of ``world`` ranks runs a list of load cases; each case
 re-initialises the process groups for its target topology, builds the model and optimizer there
@@ -168,8 +169,7 @@ def _transformer_config(c: dict):
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
         init_method_std=0.02,
-        # MoE with TP > 1 requires sequence parallelism (TransformerConfig raises otherwise)
-        sequence_parallel=bool(c["experts"]) and c["tp"] > 1,
+        sequence_parallel=False,  # see _train_mode (MoE with TP > 1)
         bias_activation_fusion=False,
         **kw,
     )
@@ -248,6 +248,17 @@ def _build(c: dict):
     return model, optimizer, sched, config
 
 
+def _train_mode(c: dict, model) -> None:
+    """MoE with TP > 1: MoELayer.forward raises in training mode without sequence parallelism
+    (moe_layer.py:379), and the local (non-TE) LayerNorm asserts no sequence parallelism
+    (torch_norm.py:32), so on CPU that combination cannot train in training mode.  Run the step
+    with ``module.training`` False instead (this model has no dropout, so the math is the same);
+    sequence parallelism changes nothing on disk (norm weights are replicated either way)."""
+    if c["experts"] and c["tp"] > 1:
+        for m in model:
+            m.eval()
+
+
 def _unwrap(m):
     from megatron.core.transformer.module import Float16Module
 
@@ -279,7 +290,7 @@ def _build_args(c: dict, iteration: int):
     a.params_dtype = "torch.bfloat16" if c["bf16"] else "torch.float32"
     a.accumulate_allreduce_grads_in_fp32 = c["bf16"]
     a.ckpt_fully_parallel_save = True
-    a.sequence_parallel = bool(c["experts"]) and c["tp"] > 1
+    a.sequence_parallel = False
     return a
 
 
@@ -335,6 +346,7 @@ def _run(rank: int, c: dict) -> None:
         return out, loss_func
 
     fwd_bwd = get_forward_backward_func()
+    _train_mode(c, model)
     iters = [data_iter() for _ in model]
     rsm = get_rerun_state_machine()
     flops_per_iter = 6.0 * gbs * seq * (12 * c["layers"] * c["hidden"] ** 2)
