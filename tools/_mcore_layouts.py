@@ -484,9 +484,9 @@ def _first_line(e: BaseException) -> str:
         if isinstance(inner, BaseException):
             return f"{type(e).__name__} <- {_first_line(inner)}"
     text = str(e).strip().splitlines()
-    frame = traceback.extract_tb(e.__traceback__)[-1]
-    where = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
-    return f"{type(e).__name__}: {text[0][:300] if text else ''} [{where}]"
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" [{frames[-1].filename.split('site-packages/')[-1]}:{frames[-1].lineno}]" if frames else ""
+    return f"{type(e).__name__}: {text[0][:3000] if text else ''}{where}"
 
 
 def _fresh_adam_steps(optimizer) -> None:
@@ -568,7 +568,10 @@ def _run_truth(rank: int, cfg: dict) -> None:
             raise
         except BaseException as e:  # noqa: BLE001 - the outcome IS the exception
             # (torch DCP's CheckpointException derives from BaseException)
-            outcome = "raise " + _first_line(e)
+            try:
+                outcome = "raise " + _first_line(e)
+            except Exception:  # noqa: BLE001 - never let the report itself desync the ranks
+                outcome = f"raise {type(e).__name__}"
         finally:
             destroy_num_microbatches_calculator()
         everyone = [None] * cfg["world"]
