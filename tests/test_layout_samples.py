@@ -91,3 +91,37 @@ def test_corruption_names_its_place_in_the_layout(name: str, tmp_path: Path) -> 
     assert text in hits[0]["message"], hits[0]["message"]
     if coords is not None:
         assert hits[0]["details"]["layout"][0] == coords
+
+
+# (sample, resume args) -> {component: (outcome, deciding rule)}; the same predictions are checked against real
+# megatron-core loads in tests/test_ground_truth_layouts.py (slow); these run without torch.
+RESUME: dict[tuple[str, tuple[str, ...]], dict[str, tuple[str, str]]] = {
+    ("moe_ep2", ("--tp", "1", "--pp", "1", "--ep", "1")): {
+        "model": ("resharded", "model.reshard"), "optimizer": ("fails", "optimizer.ep-fixed"),
+        "rng": ("fails", "rng.ep-grid")},
+    ("moe_tp2_ep2", ("--tp", "2", "--pp", "1", "--ep", "4")): {
+        "model": ("resharded", "model.reshard"), "optimizer": ("resharded", "optimizer.reshard"),
+        "rng": ("loaded", "rng.load")},
+    ("moe_tp2_ep2", ("--tp", "2", "--pp", "1", "--etp", "2")): {
+        "model": ("resharded", "model.reshard"), "optimizer": ("resharded", "optimizer.reshard")},
+    ("vpp", ("--tp", "1", "--pp", "2", "--vpp", "1")): {
+        "model": ("resharded", "model.reshard"), "optimizer": ("fails", "optimizer.vpp-fixed"),
+        "rng": ("loaded", "rng.load")},
+    ("vpp", ("--tp", "1", "--pp", "2", "--vpp", "3")): {"model": ("fails", "model.topology")},
+    ("legacy_vpp", ("--tp", "1", "--pp", "2", "--vpp", "1")): {
+        "model": ("fails", "model.legacy-split"), "optimizer": ("fails", "optimizer.legacy-split")},
+    ("cp2", ("--tp", "1", "--pp", "1", "--cp", "1", "--dp", "2")): {
+        "model": ("loaded", "model.load"), "optimizer": ("resharded", "optimizer.dp"), "rng": ("loaded", "rng.load")},
+    ("cp2", ("--tp", "1", "--pp", "1", "--cp", "4", "--dp", "1")): {
+        "model": ("loaded", "model.load"), "optimizer": ("loaded", "optimizer.load")},
+}
+
+
+@pytest.mark.parametrize("key", sorted(RESUME), ids=[f"{s} {' '.join(a)}" for s, a in sorted(RESUME)])
+def test_resume_layout_rules(key: tuple[str, tuple[str, ...]]) -> None:
+    sample, args = key
+    _, doc = _cli("resume", str(SAMPLES / sample), *args)
+    got = {c: (v["outcome"], v["rule"]) for c, v in doc["components"].items() if c in RESUME[key]}
+    assert got == RESUME[key], doc["components"]
+    fired = {r["id"]: r for r in doc["rules"] if r["decided"]}
+    assert all(fired[rule]["source"] for _, rule in RESUME[key].values())
