@@ -1,8 +1,8 @@
 """Ground truth for the parallel layouts: ckptinspect's `resume` predictions against megatron-core 0.16.1's own loads.
 
 For every layout sample, a real load at the saved topology must succeed (ckptinspect says `complete`, and `resume`
-at the same topology says `ok`). For topology changes — EP, expert-TP, VPP, CP (DP×CP), TP with SwiGLU; dp_reshardable
-and fully_reshardable optimizers — a real load at the new topology must succeed where `resume` predicts
+at the same topology says `ok`). For topology changes — EP, expert-TP, VPP, CP (DP×CP), TP with SwiGLU;
+dp_reshardable and fully_reshardable optimizers — a real load at the new topology must succeed where `resume` predicts
 loaded/resharded for every component the load requests, and raise where it predicts `fails`; a failing prediction
 must also name the rule that matches the library's error. The loads run in two spawns (world 2 and world 4) through
 `tools/make_sample_ckpts.py run_ground_truth`: each case builds Megatron's model and optimizer at the target
@@ -53,7 +53,7 @@ PAIRS: tuple[Pair, ...] = (
     Pair("legacy_vpp as saved", "legacy_vpp", 2),
     Pair("moe_ep2 EP2→1, model only", "moe_ep2", 2, {"ep": 1}, optim=False, rng=False),
     Pair("moe_ep2 EP2→1, dp_reshardable optimizer", "moe_ep2", 2, {"ep": 1}, rng=False,
-         rule="optimizer.ep-fixed", error=MISMATCH),
+         rule="optimizer.expert-split", error="optimizer.distributed."),
     Pair("moe_ep2 EP2→1, rng", "moe_ep2", 2, {"ep": 1}, optim=False, rule="rng.ep-grid", error="rng_state"),
     Pair("vpp VPP2→1, model only", "vpp", 2, {"vpp": None}, optim=False),
     Pair("vpp VPP2→1, dp_reshardable optimizer", "vpp", 2, {"vpp": None}, rule="optimizer.vpp-fixed",
@@ -65,7 +65,10 @@ PAIRS: tuple[Pair, ...] = (
     Pair("moe_tp2_ep2 as saved", "moe_tp2_ep2", 4),
     Pair("cp2 as saved", "cp2", 4),
     Pair("swiglu_bf16 as saved", "swiglu_bf16", 4),
-    Pair("moe_tp2_ep2 EP2→1, fully_reshardable optimizer", "moe_tp2_ep2", 4, {"ep": 1}, rng=False),
+    Pair("moe_tp2_ep2 EP2→1, fully_reshardable optimizer", "moe_tp2_ep2", 4, {"ep": 1}, rng=False,
+         rule="optimizer.expert-split", error="KeyError: 'optimizer'"),
+    Pair("moe_tp2_ep2 EP2→1, model only", "moe_tp2_ep2", 4, {"ep": 1}, optim=False, rng=False),
+    Pair("legacy_pp2_ep2 as saved", "legacy_pp2_ep2", 4),
     Pair("moe_tp2_ep2 EP2→1, rng", "moe_tp2_ep2", 4, {"ep": 1}, optim=False, rule="rng.ep-grid", error="rng_state"),
     Pair("moe_tp2_ep2 EP2→4, fully_reshardable optimizer + rng", "moe_tp2_ep2", 4, {"ep": 4}),
     Pair("moe_tp2_ep2 ETP1→2, fully_reshardable optimizer + rng", "moe_tp2_ep2", 4, {"etp": 2}),
@@ -135,6 +138,6 @@ def test_prediction_matches_megatron_load(pair: Pair, truth: dict[str, dict[str,
 
 def test_same_topology_loads_cover_every_layout_sample() -> None:
     """Every layout sample has a load at its saved topology among the pairs."""
-    layouts = {"moe_ep2", "moe_tp2_ep2", "vpp", "cp2", "swiglu_bf16", "legacy_ep2", "legacy_vpp"}
+    layouts = {"moe_ep2", "moe_tp2_ep2", "vpp", "cp2", "swiglu_bf16", "legacy_ep2", "legacy_pp2_ep2", "legacy_vpp"}
     assert layouts <= {p.sample for p in PAIRS if not p.change and p.optim and p.rng}
     assert layouts <= set(_generator().SAMPLES)

@@ -32,6 +32,8 @@ EXPECTED: dict[str, tuple[dict[str, int | None], str, dict[str, list[str]]]] = {
                     "dp_reshardable", {"model": ["bfloat16"], "optimizer": ["float32"]}),
     "legacy_ep2": ({"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 2, "etp": 1, "vpp": 1, "world_size": 2},
                    "legacy distrib_optim.pt", {"model": ["float32"], "optimizer": ["float32"]}),
+    "legacy_pp2_ep2": ({"tp": 1, "pp": 2, "dp": 2, "cp": 1, "ep": 2, "etp": 1, "vpp": 1, "world_size": 4},
+                       "legacy distrib_optim.pt", {"model": ["float32"], "optimizer": ["float32"]}),
     "legacy_vpp": ({"tp": 1, "pp": 2, "dp": 1, "cp": 1, "ep": 1, "etp": None, "vpp": 2, "world_size": 2},
                    "legacy distrib_optim.pt", {"model": ["float32"], "optimizer": ["float32"]}),
 }
@@ -97,8 +99,9 @@ def test_corruption_names_its_place_in_the_layout(name: str, tmp_path: Path) -> 
 # megatron-core loads in tests/test_ground_truth_layouts.py (slow); these run without torch.
 RESUME: dict[tuple[str, tuple[str, ...]], dict[str, tuple[str, str]]] = {
     ("moe_ep2", ("--tp", "1", "--pp", "1", "--ep", "1")): {
-        "model": ("resharded", "model.reshard"), "optimizer": ("fails", "optimizer.ep-fixed"),
+        "model": ("resharded", "model.reshard"), "optimizer": ("fails", "optimizer.expert-split"),
         "rng": ("fails", "rng.ep-grid")},
+    ("moe_tp2_ep2", ("--tp", "2", "--pp", "1", "--ep", "1")): {"optimizer": ("fails", "optimizer.expert-split")},
     ("moe_tp2_ep2", ("--tp", "2", "--pp", "1", "--ep", "4")): {
         "model": ("resharded", "model.reshard"), "optimizer": ("resharded", "optimizer.reshard"),
         "rng": ("loaded", "rng.load")},

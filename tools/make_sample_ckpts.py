@@ -318,6 +318,8 @@ SAMPLES = {
                         optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
     "legacy_ep2": dict(format="legacy", tp=1, pp=1, dp=2, ep=2, experts=4, layers=2,
                        iterations=(1,), seed=1234),
+    "legacy_pp2_ep2": dict(format="legacy", tp=1, pp=2, dp=2, ep=2, experts=4, layers=2,
+                           iterations=(1,), seed=1234),
     "legacy_vpp": dict(format="legacy", tp=1, pp=2, vpp=2, dp=1, layers=4, num_microbatches=2,
                        iterations=(1,), seed=1234),
 }

@@ -180,6 +180,17 @@ def _o_split_fixed(f: _Facts) -> str | None:
             "or --no-load-optim")
 
 
+def _o_expert_split(f: _Facts) -> str | None:
+    if f.legacy or (f.src.ep > 1) == (f.dst.ep > 1) or not f.has_optimizer:
+        return None
+    return (f"EP {f.src.ep} → {f.dst.ep}: expert params get their own chained DistributedOptimizer only when EP > 1 "
+            "(allreduce = not (is_expert and EP > 1), [mc] tensor_parallel/layers.py:886; get_megatron_optimizer, "
+            "[mc] optimizer/__init__.py:647-682), so the saved and the resumed runs chain a different number of "
+            "optimizers: dp_reshardable state is missing under the new `chained_{i}.` keys, fully reshardable state "
+            "fails in DistributedOptimizer.load_state_dict (KeyError 'optimizer', [mc] distrib_optimizer.py:755). "
+            "Use --no-load-optim")
+
+
 def _o_ep_fixed(f: _Facts) -> str | None:
     if f.legacy or not (f.ep_changed or f.etp_changed) or f.sharding not in DISTOPT_TYPES - FULLY_RESHARDABLE:
         return None
@@ -188,7 +199,7 @@ def _o_ep_fixed(f: _Facts) -> str | None:
     return (f"{what} with {f.sharding}: the expert buffers' bucket tensors have the per-rank "
             "global shape (gbuf_world_numel_unpadded,), which changes with the expert slices per rank → 'Global "
             "shape mismatch' ([mc] strategies/torch.py _validate_global_shapes; not checked by load_checkpoint's "
-            "(TP, PP) guard; sharded_param_state_dp_reshardable, [mc] distrib_optimizer.py:1603-1687)")
+            "(TP, PP) guard; inferred from sharded_param_state_dp_reshardable, [mc] distrib_optimizer.py:1603-1687)")
 
 
 def _o_vpp_fixed(f: _Facts) -> str | None:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from ckptinspect.capabilities.resume.conditions import (
     _i_finetune, _i_load, _i_missing, _i_release, _loaded, _m_args, _m_legacy_split, _m_load, _m_reshard,
-    _m_topology, _m_unreadable, _m_vocab, _m_vocab_unknown, _o_absent, _o_dp, _o_ep_fixed, _o_flattened,
-    _o_legacy_missing, _o_legacy_split, _o_missing, _o_reshard, _o_skip, _o_split_fixed, _o_vpp_fixed, _r_absent, _r_dp_init, _r_ep_grid,
-    _r_legacy_split, _r_load, _r_missing, _r_skip, _r_split, _release, _s_absent, _s_load, _s_missing, _s_skip,
-    _x_absent, _x_changed, _x_finetune, _x_idle,
+    _m_topology, _m_unreadable, _m_vocab, _m_vocab_unknown, _o_absent, _o_dp, _o_ep_fixed, _o_expert_split,
+    _o_flattened, _o_legacy_missing, _o_legacy_split, _o_missing, _o_reshard, _o_skip, _o_split_fixed, _o_vpp_fixed,
+    _r_absent, _r_dp_init, _r_ep_grid, _r_legacy_split, _r_load, _r_missing, _r_skip, _r_split, _release, _s_absent,
+    _s_load, _s_missing, _s_skip, _x_absent, _x_changed, _x_finetune, _x_idle,
 )
 from ckptinspect.capabilities.resume.facts import _Facts
 from ckptinspect.capabilities.resume.model import Component, ComponentPrediction, Outcome, RuleResult
@@ -63,6 +63,8 @@ RULES: tuple[Rule, ...] = (
          "[mc] distrib_optimizer.py:2253 load_parameter_state", _o_legacy_missing),
     Rule("optimizer.split-fixed", O, "TP/PP changes and the sharding is not fully reshardable", F, _LM,
          _o_split_fixed),
+    Rule("optimizer.expert-split", O, "EP changes to or from 1 (the number of chained optimizers changes)", F,
+         "[mc] optimizer/__init__.py get_megatron_optimizer", _o_expert_split),
     Rule("optimizer.ep-fixed", O, "EP or expert-TP changes and the sharding is DP-bound", F,
          "[mc] distrib_optimizer.py", _o_ep_fixed),
     Rule("optimizer.vpp-fixed", O, "VPP changes and the sharding is DP-bound", F,
