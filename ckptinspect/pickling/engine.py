@@ -74,6 +74,10 @@ _CALL_OPS = {ord("R"): "REDUCE", ord("\x81"): "NEWOBJ", ord("\x92"): "NEWOBJ_EX"
 _MODIFY_OPS = frozenset(ord(c) for c in "ae" "s" "u" "\x90")  # APPEND(S) SETITEM(S) ADDITEMS: container stays
 _BLOB_OPS = frozenset({ord("B"), ord("C"), ord("\x8e"), ord("\x96")})  # BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8
 _PERSID_OPS = frozenset({ord("P"), ord("Q")})
+# What a generic opcode does with what it consumes, by opcode byte.
+_K_PLAIN, _K_CALL, _K_MODIFY, _K_PERSID = 0, 1, 2, 3
+_KINDS = [_K_CALL if i in _CALL_OPS else _K_MODIFY if i in _MODIFY_OPS else _K_PERSID if i in _PERSID_OPS
+          else _K_PLAIN for i in range(256)]
 _PICKLE_HEADS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 _ZIP_HEAD = b"PK\x03\x04"
 _LATIN1_PICKLE_HEADS = tuple("\x80".encode() + bytes([p]) for p in (2, 3, 4, 5))
@@ -228,7 +232,7 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
     t = _T
     names, argk, asize, asigned, acts = t.names, t.argk, t.asize, t.asigned, t.act
     markp, popsp, pushesp = t.mark, t.pops, t.pushes
-    call_ops, modify_ops, blob_ops, persid_ops = _CALL_OPS, _MODIFY_OPS, _BLOB_OPS, _PERSID_OPS
+    kinds, blob_ops = _KINDS, _BLOB_OPS
     ops = walk.ops
     buf = src.buf
     end = len(buf)
@@ -327,31 +331,43 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                     popped = stack[-n:]
                     del stack[-n:]
                     consumed = popped + consumed if consumed else popped
-                direct_ok = False
-                if code in call_ops and consumed:
-                    direct_ok = _call(walk, code, consumed, start)
-                elif code in persid_ops:
-                    consumed = None  # torch's persistent_load reads the id as data (storage type, key, ...)
-                if pushesp[code]:
-                    if direct_ok:
-                        # an inert constructor / allowed class created: the result carries only its arguments
-                        stack.append(_combine(consumed[1:]) if consumed and len(consumed) > 1 else 1)
-                    elif not consumed:
-                        stack.append(0 if code not in persid_ops else 1)
-                    elif code in modify_ops:
-                        # the container stays: its depth is its own or 1 + an added item's, whichever is deeper
-                        container, items = consumed[0], consumed[1:]
-                        v = _combine(items) if items else 0
-                        v = _combine([container, v], extra=0)
-                        stack.append(v)
-                    elif code == 0x62:  # BUILD: the object stays, with its state inside
-                        stack.append(_combine([consumed[0], _combine(consumed[1:])], extra=0))
+                kind = kinds[code]
+                if not pushesp[code]:
+                    pass
+                elif not consumed:
+                    stack.append(1 if kind == _K_PERSID else 0)
+                elif kind == _K_PLAIN or kind == _K_PERSID:
+                    # the hot path (tuples, lists, dicts of plain values): depth = 1 + the deepest part
+                    d = 0
+                    for x in consumed:
+                        c = x.__class__
+                        if c is int:
+                            if x > d:  # type: ignore[operator]
+                                d = x  # type: ignore[assignment]
+                        elif c is _Val:
+                            d = -1
+                            break
+                    if kind == _K_PERSID:
+                        stack.append(1)  # torch's persistent_load reads the id as data (storage type, key, ...)
+                    elif d >= 0:
+                        if d >= MAX_DEPTH:
+                            raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
+                                       limit=True)
+                        stack.append(d + 1)
                     else:
-                        stack.append(_combine(consumed))
-                    top = stack[-1]
-                    if _depth(top) > MAX_DEPTH:
-                        raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
-                                   limit=True)
+                        _push(stack, _combine(consumed), start, names[code])
+                elif kind == _K_CALL:
+                    if _call(walk, code, consumed, start):
+                        # an inert constructor / allowed class created: the result carries only its arguments
+                        _push(stack, _combine(consumed[1:]) if len(consumed) > 1 else 1, start, names[code])
+                    elif code == 0x62:  # BUILD: the object stays, with its state inside
+                        _push(stack, _combine([consumed[0], _combine(consumed[1:])], extra=0), start, names[code])
+                    else:
+                        _push(stack, _combine(consumed), start, names[code])
+                else:  # _K_MODIFY: the container stays; its depth is its own or 1 + an added item's
+                    items = consumed[1:]
+                    _push(stack, _combine([consumed[0], _combine(items) if items else 0], extra=0), start,
+                          names[code])
             elif act == _MEMOIZE or act == _PUT:
                 if len(stack) <= (marks[-1] if marks else 0):
                     raise Stop(f"stack underflow: {names[code]} at byte {start}", start)
@@ -469,6 +485,12 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                 raise Stop(f"more than {max_stack} stack entries (nesting or fan-out)", start, limit=True)
     finally:
         walk.ops = ops
+
+
+def _push(stack: list[object], v: object, start: int, name: str) -> None:
+    if _depth(v) > MAX_DEPTH:
+        raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({name})", start, limit=True)
+    stack.append(v)
 
 
 def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> bool:
