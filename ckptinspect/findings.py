@@ -123,6 +123,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK511", "info", None, "stack", "Megatron non-persistent global checkpoint beside the save dir"),
         _c("CK512", "error", "incomplete", "stack", "NVRx local iteration: a rank's file exists in no rank dir"),
         _c("CK513", "error", "incomplete", "stack", "NVRx local .dirty file (write in progress or crashed)"),
+        _c("CK514", "warning", None, "stack", "Megatron-Bridge latest_train_state.pt and the tracker disagree"),
         _c("CK601", "error", "unsafe", "safety", "pickle references a dangerous callable (not executed)"),
         _c("CK602", "warning", None, "safety", "pickle references a global outside the allowlist"),
         _c("CK603", "error", "corrupt", "safety", "pickle or archive exceeds the reader's resource bounds"),

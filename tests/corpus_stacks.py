@@ -64,6 +64,12 @@ def _payload_only(d: Path, ctx: Ctx) -> None:
     (d / "run_config.yaml").unlink()
 
 
+def _bridge_before_tracker(save: Path, ctx: Ctx) -> None:
+    """Killed after latest_train_state.pt was copied, before the tracker and run_config.yaml were written."""
+    (save / "latest_checkpointed_iteration.txt").write_text("1")
+    (save / "iter_0000002" / "run_config.yaml").unlink()
+
+
 def _unfinished(d: Path, ctx: Ctx) -> None:
     (d.parent / f"{d.name}-unfinished").touch()  # ModelCheckpoint.set_checkpoint_unfinished_marker
 
@@ -111,6 +117,8 @@ STACK_CASES: tuple[Case, ...] = (
          S({"CK508"}), sources=BRIDGE),
     Case("bridge_crash_before_run_config", _at("bridge", "iter_0000002", _rm("run_config.yaml"), ""),
          "incomplete", S({"CK509", "CK504"}), sources=BRIDGE),
+    Case("bridge_crash_before_tracker", _at("bridge", "", _bridge_before_tracker), "incomplete",
+         S({"CK514", "CK509"}), sources=BRIDGE),
     Case("bridge_crash_before_tokenizer", _at("bridge", "iter_0000002", _hf_tokenizer), "complete",
          S({"CK510"}), sources=BRIDGE),
     Case("bridge_run_config_unsafe_yaml", _at("bridge", "iter_0000002", _unsafe_yaml), "corrupt", S({"CK120"}),

@@ -15,6 +15,11 @@ def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[F
     """Findings for `save`, given the status of each iteration dir (by dir name)."""
     tracker = save.tracker
     yield from _non_persistent(save, label)
+    if save.bridge_step is not None and save.bridge_step != tracker.iteration:
+        yield Finding("CK514", f"latest_train_state.pt names step {save.bridge_step} but {TRACKER} names "
+                      f"{tracker.iteration!r}: the save stopped between the two (Bridge writes latest_train_state.pt "
+                      "first); Bridge resumes from the step in latest_train_state.pt", "latest_train_state.pt", label,
+                      {"train_state_step": save.bridge_step, "tracker": tracker.iteration})
     if not tracker.exists:
         if save.style == "megatron":
             yield Finding("CK501", f"no {TRACKER}: a resume picks nothing unless told (--ckpt-step)", TRACKER, label)

@@ -52,6 +52,7 @@ class SaveDir:
     style: str  # "megatron" (iter_*/release + tracker), "dcp" (step-N), "nemo2" (…step=N… dirs), "nvrx"
     stack: Stack | None = None
     style_evidence: str | None = None
+    bridge_step: int | None = None  # `step` in Megatron-Bridge's latest_train_state.pt (read before the tracker)
 
     def find(self, iteration: int | str | None) -> IterationDir | None:
         return next((i for i in self.iterations if i.iteration == iteration), None)
@@ -63,6 +64,9 @@ class SaveDir:
         `model.safetensors.index.json`); NeMo 2 skips checkpoints with an `-unfinished` marker; NVRx `find_latest`
         takes the newest iteration every rank has a complete file of. Without such a one, the newest dir.
         """
+        if self.bridge_step is not None:
+            # Bridge `_resolve_checkpoint_iteration`: latest_train_state.pt first, the text tracker only without it
+            return self.find(self.bridge_step)
         if self.tracker.exists:
             return self.find(self.tracker.iteration) if self.tracker.error is None else None
         numbered = [i for i in self.iterations if isinstance(i.iteration, int)]
@@ -189,12 +193,17 @@ def read_save_dir(path: Path) -> SaveDir:
     iterations, style = iteration_dirs(path)
     stack: Stack | None = None
     why: str | None = None
+    bridge_step: int | None = None
     if not iterations:
         found = _stack_iterations(path)
         if found is not None:
             iterations, style, stack, why = found
     elif (path / "latest_train_state.pt").exists():
-        stack, why = Stack.MEGATRON_BRIDGE, "latest_train_state.pt present: a Megatron-Bridge save dir"
+        from ckptinspect.formats.stacks import train_state_step
+
+        bridge_step = train_state_step(path / "latest_train_state.pt")
+        stack, why = Stack.MEGATRON_BRIDGE, (f"latest_train_state.pt present (step {bridge_step}): a Megatron-Bridge "
+                                             "save dir; Bridge resumes from its step before the text tracker")
     elif path.name == "non_persistent":
         stack, why = Stack.MEGATRON_NON_PERSISTENT, "Megatron non-persistent global checkpoint dir ({save}/non_persistent)"
-    return SaveDir(path, read_tracker(path), iterations, style, stack, why)
+    return SaveDir(path, read_tracker(path), iterations, style, stack, why, bridge_step)

@@ -26,7 +26,9 @@ from ckptinspect.formats._files import pickle_findings
 from ckptinspect.formats.run_config import RUN_CONFIG, args_from_run_config, load_run_config
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Format, Stack
+from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.plain import to_plain
+from ckptinspect.safeio import open_regular
 from ckptinspect.pickling.torch_archive import read_torch_file
 
 TRAIN_STATE = "train_state.pt"
@@ -193,6 +195,32 @@ def _bridge(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout) -> Ch
         extra["run_config_targets"] = sorted({str(v.get("_target_")) for v in config.values()
                                               if isinstance(v, dict) and "_target_" in v})
     return replace(out, extra=extra)
+
+
+def train_state_step(path: Path) -> int | None:
+    """`step` of a Bridge `train_state.pt` / `latest_train_state.pt` (a 0-d int tensor), read from the archive bytes
+    without torch; None when the file is absent, hostile, or not that shape."""
+    try:
+        archive = read_torch_file(path)
+    except (ReadError, OSError):
+        return None
+    obj = archive.obj
+    if archive.report.dangerous or not isinstance(obj, dict):
+        return None
+    ref = obj.get("step")
+    size = {"int32": 4, "int64": 8}.get(getattr(ref, "dtype", ""), 0)
+    if not isinstance(ref, TensorRef) or ref.shape != () or not size or ref.storage_key is None:
+        return None
+    rec = archive.records.get(f"data/{ref.storage_key}")
+    if rec is None or rec.compressed or rec.data_offset < 0 or rec.size < (ref.storage_offset + 1) * size:
+        return None
+    try:
+        with open_regular(path) as f:
+            f.seek(rec.data_offset + ref.storage_offset * size)
+            raw = f.read(size)
+    except OSError:
+        return None
+    return int.from_bytes(raw, "little", signed=True) if len(raw) == size else None
 
 
 def _tokenizer_has_files(tok: dict[str, Any]) -> bool:
