@@ -122,3 +122,34 @@ def test_stack_audits_leave_torch_unimported() -> None:
             f"    assert audit(Path({str(SAMPLES)!r}) / p).status.value == 'complete', p\n"
             "assert 'torch' not in sys.modules and 'yaml' in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _nemo_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "checkpoints"
+    shutil.copytree(SAMPLES / "nemo2" / "checkpoints", root)
+    return root
+
+
+def test_nemo2_pick_prefers_last_copy_and_skips_unfinished(tmp_path: Path) -> None:
+    from ckptinspect.capabilities.audit.audit import audit
+    from ckptinspect.formats.savedir import read_save_dir
+
+    root = _nemo_copy(tmp_path)
+    step1 = next(root.iterdir())
+    shutil.copytree(step1, root / f"{step1.name}-last")  # ModelCheckpoint save_last
+    newer = root / step1.name.replace("step=1", "step=3")
+    shutil.copytree(step1, newer)
+    (root / f"{newer.name}-unfinished").touch()  # killed while saving step 3
+    assert read_save_dir(root).resume_pick().name == f"{step1.name}-last"  # type: ignore[union-attr]
+    r = audit(root)
+    assert r.status.value == "complete"
+    assert {f.code for f in r.findings if f.subject == newer.name} >= {"CK506"}
+
+
+def test_resume_refuses_nvrx_local_with_a_reason() -> None:
+    from typer.testing import CliRunner
+
+    from ckptinspect.cli.app import app
+
+    r = CliRunner().invoke(app, ["resume", str(SAMPLES / "nvrx_local"), "--tp", "2", "--pp", "1"])
+    assert r.exit_code == 2 and "only with the topology that saved it" in r.output
