@@ -153,3 +153,12 @@ def test_resume_refuses_nvrx_local_with_a_reason() -> None:
 
     r = CliRunner().invoke(app, ["resume", str(SAMPLES / "nvrx_local"), "--tp", "2", "--pp", "1"])
     assert r.exit_code == 2 and "only with the topology that saved it" in r.output
+
+
+def test_nvrx_session_dirs_are_found_one_level_down(tmp_path: Path) -> None:
+    from ckptinspect.capabilities.audit.audit import audit
+
+    shutil.copytree(SAMPLES / "nvrx_local", tmp_path / "myjob")  # {root}/{session_id}/{rank}/...
+    r = audit(tmp_path)
+    assert r.status.value == "complete" and [c.name for c in r.checkpoints] == ["myjob/iter_0000002"]
+    assert r.checkpoints[0].checkpoint.format is Format.NVRX_LOCAL

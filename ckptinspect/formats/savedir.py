@@ -177,6 +177,14 @@ def _stack_iterations(path: Path) -> tuple[tuple[IterationDir, ...], str, Stack,
         subdirs = sorted(p for p in path.iterdir() if p.is_dir())
     except OSError:
         return None
+    # `{root}/{session_id}/{rank}/…` with a non-empty session: one level down, iterations named `session/iter_N`
+    sessions = [(d, r) for d in subdirs[:64] if not d.name.isdigit() and (r := find_local_root(d)) is not None]
+    if sessions:
+        its = tuple(IterationDir(f"{d.name}/iter_{n:07d}", n, d / f"iter_{n:07d}") for d, r in sessions
+                    for n in r.iterations)
+        its = tuple(sorted(its, key=lambda i: (int(i.iteration), i.name)))
+        return its, "nvrx", Stack.NVRX_LOCAL, ("NVRx local checkpoint root with session dir(s) "
+                                               + ", ".join(d.name for d, _ in sessions[:8]))
     nemo = []
     for p in subdirs:
         if is_nemo2_dir(p):
