@@ -70,6 +70,12 @@ def _bridge_before_tracker(save: Path, ctx: Ctx) -> None:
     (save / "iter_0000002" / "run_config.yaml").unlink()
 
 
+def _bridge_iter_deleted(save: Path, ctx: Ctx) -> None:
+    """iter_0000002 deleted by hand after the save; latest_train_state.pt still names step 2."""
+    shutil.rmtree(save / "iter_0000002")
+    (save / "latest_checkpointed_iteration.txt").write_text("1")
+
+
 def _unfinished(d: Path, ctx: Ctx) -> None:
     (d.parent / f"{d.name}-unfinished").touch()  # ModelCheckpoint.set_checkpoint_unfinished_marker
 
@@ -119,6 +125,8 @@ STACK_CASES: tuple[Case, ...] = (
          "incomplete", S({"CK509", "CK504"}), sources=BRIDGE),
     Case("bridge_crash_before_tracker", _at("bridge", "", _bridge_before_tracker), "incomplete",
          S({"CK514", "CK509"}), sources=BRIDGE),
+    Case("bridge_latest_train_state_names_missing_iteration", _at("bridge", "", _bridge_iter_deleted), "corrupt",
+         S({"CK503", "CK514"}), sources=BRIDGE),
     Case("bridge_crash_before_tokenizer", _at("bridge", "iter_0000002", _hf_tokenizer), "complete",
          S({"CK510"}), sources=BRIDGE),
     Case("bridge_run_config_unsafe_yaml", _at("bridge", "iter_0000002", _unsafe_yaml), "corrupt", S({"CK120"}),

@@ -15,6 +15,10 @@ def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[F
     """Findings for `save`, given the status of each iteration dir (by dir name)."""
     tracker = save.tracker
     yield from _non_persistent(save, label)
+    if save.bridge_step is not None and save.find(save.bridge_step) is None:
+        yield Finding("CK503", f"latest_train_state.pt (Megatron-Bridge's tracker, read first) names step "
+                      f"{save.bridge_step}, whose iter_{save.bridge_step:07d} does not exist", "latest_train_state.pt",
+                      label, {"iteration": save.bridge_step})
     if save.bridge_step is not None and save.bridge_step != tracker.iteration:
         yield Finding("CK514", f"latest_train_state.pt names step {save.bridge_step} but {TRACKER} names "
                       f"{tracker.iteration!r}: the save stopped between the two (Bridge writes latest_train_state.pt "
