@@ -38,13 +38,14 @@ PAYLOAD = dict(format="torch_dist", tp=1, pp=1, dp=2, layers=2, hidden=16, heads
                make_vocab_size_divisible_by=64, iterations=(1, 2), seed=1234)
 
 
-def _payload(tmp: str) -> str:
+def _payload(out: str) -> str:
+    """A real megatron-core save dir written AT `out` (relative to the repo root, so the paths recorded in args and
+    `.metadata` are repo-relative, as for the other samples)."""
     sys.path.insert(0, _TOOLS)
     import make_sample_ckpts
 
-    out = os.path.join(tmp, "payload")
-    if not os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt")):
-        make_sample_ckpts.make_checkpoint(out, **PAYLOAD)
+    shutil.rmtree(out, ignore_errors=True)
+    make_sample_ckpts.make_checkpoint(os.path.relpath(out, _ROOT), **PAYLOAD)
     return out
 
 
@@ -111,15 +112,12 @@ def build_bridge(out: str, tmp: str) -> None:
     import torch
     import yaml
 
-    src = _payload(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    src = _payload(out)
     save = os.path.relpath(out, _ROOT)
     last = None
     for name in sorted(n for n in os.listdir(src) if n.startswith("iter_")):
         it = int(name[5:])
         d = os.path.join(out, name)
-        shutil.copytree(os.path.join(src, name), d)
         common = _load_common(os.path.join(d, "common.pt"))
         args = common.pop("args")  # Bridge's generate_state_dict writes no args
         torch.save(common, os.path.join(d, "common.pt"))
@@ -152,16 +150,19 @@ def build_nemo2(out: str, tmp: str) -> None:
     import torch
     import yaml
 
-    src = _payload(tmp)
     shutil.rmtree(out, ignore_errors=True)
     ckpts = os.path.join(out, "checkpoints")
-    os.makedirs(ckpts)
     it = 2
     # ModelCheckpoint filename "{model_name}--{reduced_train_loss:.2f}-{epoch}-{consumed_samples}" with step
     name = f"default--reduced_train_loss=0.00-epoch=0-consumed_samples={it * 2}.0-step={it - 1}"
     ckpt = os.path.join(ckpts, name)
+    src = _payload(ckpt)  # written in place, then iter_0000002 becomes weights/
     weights = os.path.join(ckpt, "weights")
-    shutil.copytree(os.path.join(src, f"iter_{it:07d}"), weights)
+    os.rename(os.path.join(src, f"iter_{it:07d}"), weights)
+    for n in os.listdir(ckpt):
+        if n != "weights":
+            p = os.path.join(ckpt, n)
+            shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
     common = _load_common(os.path.join(weights, "common.pt"))
     args = common.pop("args")  # NeMo's MegatronStrategy puts Lightning state in the common dict, no Megatron args
     common.update(epoch=0, global_step=it - 1, pytorch_lightning_version="2.5.1",
@@ -213,10 +214,11 @@ def build_nvrx_local(out: str, tmp: str) -> None:
     sys.path.insert(0, _TOOLS)
     import make_sample_ckpts
 
-    d = os.path.join(tmp, "nvrx")
-    make_sample_ckpts.make_checkpoint(d, **{**PAYLOAD, "format": "nvrx_local"})
     shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(os.path.join(d, "local"), out)
+    make_sample_ckpts.make_checkpoint(os.path.relpath(out, _ROOT), **{**PAYLOAD, "format": "nvrx_local"})
+    for n in os.listdir(os.path.join(out, "local")):  # {out}/local/{rank} -> {out}/{rank}
+        os.rename(os.path.join(out, "local", n), os.path.join(out, n))
+    os.rmdir(os.path.join(out, "local"))
 
 
 BUILDERS = {"torchtitan": build_torchtitan, "nvrx_local": build_nvrx_local, "bridge": build_bridge,
@@ -229,6 +231,7 @@ def main(argv=None) -> int:
     p.add_argument("--tmp", default="/tmp/ckptinspect-stacks")
     ns = p.parse_args(argv)
     os.makedirs(ns.tmp, exist_ok=True)
+    os.chdir(_ROOT)  # recorded paths (args.save, .metadata checkpoint_id) are repo-relative
     for name in ns.only:
         BUILDERS[name](os.path.join(_ROOT, "sample_ckpts", name), ns.tmp)
     return 0
