@@ -55,6 +55,7 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: in
 
 
 DEFAULTS = dict(
+    fully_parallel=True,  # False: Megatron's --no-ckpt-fully-parallel-save (DP rank 0 writes the weights)
     format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4, vocab_size=100,
     make_vocab_size_divisible_by=64, optim_sharding="dp_reshardable", iterations=(1,),
     half_written="none", seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,
@@ -143,6 +144,7 @@ def make_checkpoint(
     optim_sharding: str = "dp_reshardable",
     iterations=(1,),
     half_written: str = "none",
+    fully_parallel: bool = True,
     seed: int = 1234,
     seq_length: int = 16,
     micro_batch_size: int = 2,
@@ -172,7 +174,8 @@ def make_checkpoint(
                   heads=heads, vocab_size=vocab_size,
                   make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                   optim_sharding=optim_sharding, iterations=iterations,
-                  half_written=half_written, seed=seed, seq_length=seq_length,
+                  half_written=half_written, fully_parallel=fully_parallel, seed=seed,
+                  seq_length=seq_length,
                   micro_batch_size=micro_batch_size, num_microbatches=num_microbatches, lr=lr,
                   train_iters=train_iters, dcp_step=dcp_step, dcp_mesh=dcp_mesh, **layouts)
     os.makedirs(out_dir, exist_ok=True)
@@ -298,6 +301,10 @@ SAMPLES = {
     "torch_dist_fully": dict(format="torch_dist", tp=2, pp=1, dp=2, layers=2, hidden=16,
                              heads=4, vocab_size=100, make_vocab_size_divisible_by=64,
                              optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
+    "torch_dist_not_fully": dict(format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16,
+                                 heads=4, vocab_size=100, make_vocab_size_divisible_by=64,
+                                 optim_sharding="dp_reshardable", iterations=(1,), seed=1234,
+                                 fully_parallel=False),
     "legacy": dict(format="legacy", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4,
                    vocab_size=100, make_vocab_size_divisible_by=64,
                    optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
@@ -372,6 +379,8 @@ def _parse(argv=None):
     p.add_argument("--iterations", type=int, nargs="+", default=[1])
     p.add_argument("--half-written", default="none", choices=HALF_WRITTEN)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-fully-parallel", dest="fully_parallel", action="store_false",
+                   help="save without FullyParallelSaveStrategyWrapper (--no-ckpt-fully-parallel-save)")
     p.add_argument("--seq-length", type=int, default=16)
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--dcp-step", type=int, default=10)
@@ -404,6 +413,7 @@ def main(argv=None) -> int:
                 make_vocab_size_divisible_by=a.make_vocab_size_divisible_by,
                 optim_sharding=a.optim_sharding, iterations=a.iterations,
                 half_written=a.half_written, seed=a.seed, seq_length=a.seq_length,
+                fully_parallel=a.fully_parallel,
                 micro_batch_size=a.micro_batch_size, dcp_step=a.dcp_step, dcp_mesh=a.dcp_mesh,
             )
             layouts = dict(cp=a.cp, ep=a.ep, etp=a.etp, vpp=a.vpp, experts=a.experts,
