@@ -1,0 +1,88 @@
+"""The chunk table: every chunk of every DCP tensor as columns (numpy arrays), not one Python object per chunk.
+
+A fully sharded checkpoint has millions of chunks (a 70B model on 1,024 GPUs: ~2M; a large MoE: tens of millions).
+As `Chunk`/`StoredItem` objects they cost ~0.5 KB each; as columns a few dozen bytes. `ChunkTable` is additive to the
+neutral model: readers that stream `.metadata` (`formats/dcp_stream.py`) build it, checks read its arrays, and
+`tensor_chunks(t)` / `to_tensors()` give the per-tensor objects where a caller really wants them (small tensors,
+tests comparing with the reference reader).
+
+Layout (N chunks, T tensors, all arrays int64 unless said otherwise):
+- tensor t owns chunk rows ``tensor_start[t]:tensor_start[t+1]`` (T+1 entries), in `.metadata` order;
+- chunk row i has ``coord_start[i+1] - coord_start[i]`` axes; its offsets are ``offsets[coord_start[i]:coord_start[i+1]]``
+  and its sizes the same slice of `sizes` (a chunk's offsets and sizes always have the same length here);
+- its stored bytes: ``file_id[i]`` (int32, index into `files`; -1 = no storage entry, CK304), ``byte_offset[i]``,
+  ``byte_length[i]``; `transforms` maps the few rows with DCP stream transforms to them;
+- tensor columns: `keys`, `dtypes`, `shape_start` (T+1) into `shapes`, `orig_shapes` (Megatron `mcore_data`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptinspect.model import Chunk, StoredItem, Tensor
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ChunkTable:
+    """Chunks of all tensors as columns (see the module docstring for the layout)."""
+
+    keys: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shape_start: Any  # np.ndarray[int64], T+1
+    shapes: Any  # np.ndarray[int64]
+    tensor_start: Any  # np.ndarray[int64], T+1
+    coord_start: Any  # np.ndarray[int64], N+1
+    offsets: Any  # np.ndarray[int64]
+    sizes: Any  # np.ndarray[int64]
+    file_id: Any  # np.ndarray[int32], N; -1 = no storage entry
+    byte_offset: Any  # np.ndarray[int64], N
+    byte_length: Any  # np.ndarray[int64], N
+    files: tuple[str, ...]
+    transforms: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    orig_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def n_tensors(self) -> int:
+        return len(self.keys)
+
+    @property
+    def n_chunks(self) -> int:
+        return int(len(self.file_id))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the arrays occupy (the table's own memory, strings not counted)."""
+        return sum(int(a.nbytes) for a in (self.shape_start, self.shapes, self.tensor_start, self.coord_start,
+                                           self.offsets, self.sizes, self.file_id, self.byte_offset,
+                                           self.byte_length))
+
+    def shape(self, t: int) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.shapes[self.shape_start[t]:self.shape_start[t + 1]])
+
+    def chunk_rows(self, t: int) -> range:
+        return range(int(self.tensor_start[t]), int(self.tensor_start[t + 1]))
+
+    def chunk(self, i: int) -> Chunk:
+        """Row `i` as a model `Chunk` (for display and for small tensors; checks use the arrays)."""
+        a, b = int(self.coord_start[i]), int(self.coord_start[i + 1])
+        offs = tuple(int(x) for x in self.offsets[a:b])
+        sizes = tuple(int(x) for x in self.sizes[a:b])
+        fid = int(self.file_id[i])
+        item = None
+        if fid >= 0:
+            item = StoredItem(self.files[fid], int(self.byte_offset[i]), int(self.byte_length[i]),
+                              self.transforms.get(i, ()))
+        return Chunk(offs, sizes, item)
+
+    def tensor_chunks(self, t: int) -> tuple[Chunk, ...]:
+        return tuple(self.chunk(i) for i in self.chunk_rows(t))
+
+    def tensor(self, t: int) -> Tensor:
+        key = self.keys[t]
+        return Tensor(key, self.shape(t), self.dtypes[t], self.tensor_chunks(t), None, self.orig_shapes.get(key))
+
+    def to_tensors(self) -> tuple[Tensor, ...]:
+        """Every tensor as model objects: what the reference reader builds (tests compare the two)."""
+        return tuple(self.tensor(t) for t in range(self.n_tensors))
