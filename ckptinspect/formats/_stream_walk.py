@@ -54,6 +54,11 @@ class Walker:
         self.cache: dict[str, Any] = {}
         self.plans = False
         self.fast: dict[int, FastPath] = {}
+        # fast-path markers pushed / consumed by the list append or dict update that follows them
+        self.rows_pushed = self.rows_listed = self.pairs_pushed = self.pairs_set = 0
+
+    def markers_ok(self) -> bool:
+        return self.rows_pushed == self.rows_listed and self.pairs_pushed == self.pairs_set
 
     def read(self, n: int) -> bytes:
         data = self.f.read(n)
@@ -156,6 +161,7 @@ class Walker:
             k = items[i]
             if k.__class__ is StoragePairs:
                 d[STORAGE_MARK] = True
+                self.pairs_set += k.n
                 i += 1
                 continue
             if i + 1 >= n:
@@ -178,10 +184,14 @@ class Walker:
     def append(self, lst: Any, items: list[Any]) -> None:
         if type(lst) is list:
             lst.extend(items)
+            for v in items:
+                if v.__class__ is Rows:
+                    self.rows_listed += v.n
         elif lst.__class__ is CountList:
             for v in items:
                 if v.__class__ is Rows:
                     lst.n += v.n
+                    self.rows_listed += v.n
                 else:
                     lst.add(v)
         else:
@@ -353,7 +363,7 @@ def walk(w: Walker) -> Any:
                 raise Fallback(f"protocol {buf[pos]}")
             pos += 1
         elif op == 0x2E:  # STOP
-            if len(stack) != 1 or marks:
+            if len(stack) != 1 or marks or not w.markers_ok():
                 raise Fallback("STOP with a stack")
             return stack[0]
         else:
