@@ -668,34 +668,14 @@ class Totals:
     plan_items: int = 0
 
 
-def generate(spec: Spec, out: Path, seed: int, plans: bool, real_headers: bool,
-             checkpoint_id: Optional[str] = None, log=print) -> tuple[Totals, dict]:
-    T, DP, PP = spec.tp, spec.dp, spec.pp
-    W = spec.world
-    L = spec.layers
+def iter_ranks(spec: Spec, stages: list[Stage], payloads: Payloads) -> Iterable[tuple[int, int, list[tuple]]]:
+    """Every rank's items in save order: (rank, pp, items), items ``("B", key, length, payload kind)`` or
+    ``("T", key, offsets, sizes, global shape, dtype, MetadataIndex.index)``. Deterministic: the streaming writer
+    replays it once per section of the pickle."""
+    T, DP, PP, W = spec.tp, spec.dp, spec.pp, spec.world
+    isz_model = _DTYPES[spec.param_dtype].itemsize
     mdtype = _DTYPES[spec.param_dtype]
-    isz_model = mdtype.itemsize
     f32 = torch.float32
-    overhead = _calibrate_overhead()
-    counts = stage_layer_counts(L, PP)
-    stages = [build_stage(spec, pp, counts) for pp in range(PP)]
-    for st in stages:
-        st.buckets = bucketize(st.params, spec.bucket_size, DP)
-    payloads = Payloads(spec, seed, stages)
-    rngm = random.Random(seed ^ 0x5EED)
-    save_id = str(uuid.UUID(int=rngm.getrandbits(128), version=4))
-
-    def tlen(sizes: tuple[int, ...], isz: int) -> int:
-        nb = math.prod(sizes) * isz
-        return (nb - nb % 64 + overhead) if nb else overhead - 64
-
-    tot = Totals()
-    sdm: dict[str, Any] = {}
-    storage: dict[MetadataIndex, _StorageInfo] = {}
-    all_plans: list[SavePlan] = []
-    out.mkdir(parents=True, exist_ok=True)
-    archiver = ArchiveWriter(out / ".synthetic_scratch") if real_headers else None
-    SHARD, BYTE_IO = WriteItemType.SHARD, WriteItemType.BYTE_IO
     opt_prefix = "optimizer.distributed.dp_group_idx_{g}"
 
     for pp, st in enumerate(stages):
@@ -755,10 +735,45 @@ def generate(spec: Spec, out: Path, seed: int, plans: bool, real_headers: bool,
                         key = f"{gp}.gbuf_idx_0.dtype_{OPT_DTYPE_KEY}.bucket_idx_{k}.{state}"
                         for i, (o, n) in enumerate(bp):
                             items.append(("T", key, (o,), (n,), (U,), f32, i))
-                _emit_rank(rank, items, spec, out, sdm, storage, all_plans, tot, tlen, isz_model,
-                           payloads, pp, archiver, SHARD, BYTE_IO)
-        if pp == 0 or (pp + 1) % max(1, PP // 4) == 0:
-            log(f"  stage {pp + 1}/{PP}: {tot.chunks} chunks, {tot.files} files so far")
+                yield rank, pp, items
+
+
+def generate(spec: Spec, out: Path, seed: int, plans: bool, real_headers: bool,
+             checkpoint_id: Optional[str] = None, log=print) -> tuple[Totals, dict]:
+    T, DP, PP = spec.tp, spec.dp, spec.pp
+    W = spec.world
+    L = spec.layers
+    mdtype = _DTYPES[spec.param_dtype]
+    isz_model = mdtype.itemsize
+    f32 = torch.float32
+    overhead = _calibrate_overhead()
+    counts = stage_layer_counts(L, PP)
+    stages = [build_stage(spec, pp, counts) for pp in range(PP)]
+    for st in stages:
+        st.buckets = bucketize(st.params, spec.bucket_size, DP)
+    payloads = Payloads(spec, seed, stages)
+    rngm = random.Random(seed ^ 0x5EED)
+    save_id = str(uuid.UUID(int=rngm.getrandbits(128), version=4))
+
+    def tlen(sizes: tuple[int, ...], isz: int) -> int:
+        nb = math.prod(sizes) * isz
+        return (nb - nb % 64 + overhead) if nb else overhead - 64
+
+    tot = Totals()
+    sdm: dict[str, Any] = {}
+    storage: dict[MetadataIndex, _StorageInfo] = {}
+    all_plans: list[SavePlan] = []
+    out.mkdir(parents=True, exist_ok=True)
+    archiver = ArchiveWriter(out / ".synthetic_scratch") if real_headers else None
+    SHARD, BYTE_IO = WriteItemType.SHARD, WriteItemType.BYTE_IO
+    last_pp = -1
+    for rank, pp, items in iter_ranks(spec, stages, payloads):
+        if pp != last_pp and last_pp >= 0 and (last_pp == 0 or (last_pp + 1) % max(1, PP // 4) == 0):
+            log(f"  stage {last_pp + 1}/{PP}: {tot.chunks} chunks, {tot.files} files so far")
+        last_pp = pp
+        _emit_rank(rank, items, spec, out, sdm, storage, all_plans, tot, tlen, isz_model,
+                   payloads, pp, archiver, SHARD, BYTE_IO)
+    log(f"  stage {PP}/{PP}: {tot.chunks} chunks, {tot.files} files")
 
     if archiver is not None:
         archiver.close()
