@@ -262,13 +262,14 @@ def dtype_of(props: Any) -> str:
 class Memo:
     """The pickle memo: any value below `LOW_MEMO`, kept kinds above it (sorted arrays, 16 bytes a slot)."""
 
-    __slots__ = ("low", "hi_idx", "hi_val", "n")
+    __slots__ = ("low", "hi_idx", "hi_val", "n", "version")
 
     def __init__(self) -> None:
         self.low: list[Any] = []
         self.hi_idx = array("q")
         self.hi_val: list[Any] = []
         self.n = 0  # the next MEMOIZE slot
+        self.version = 0  # bumped when a PUT overwrites a slot
 
     def push(self, v: Any) -> None:
         n = self.n
@@ -284,6 +285,7 @@ class Memo:
             self.push(v)
         elif idx < self.n and idx < LOW_MEMO:
             self.low[idx] = v
+            self.version += 1
         else:
             raise Fallback("out-of-order memo PUT")
 

@@ -17,6 +17,7 @@ would not reproduce), so small files are read entirely by the loop.
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ class _Pattern:
         self.index: dict[str, int] = {}
         self.gets: list[int] = []
         self.n = 0
+        self._getters: dict[int, tuple[Any, list[Any], Any]] = {}
 
     def raw(self, b: bytes) -> _Pattern:
         self.parts.append(b)
@@ -78,8 +80,30 @@ class _Pattern:
         """SHORT_BINUNICODE of an ASCII name, MEMOIZE."""
         return self.raw(rb"\x8c").cap(name + "_len", b".").cap(name, rb"[\x00-\x7f]*?").raw(rb"\x94")
 
+    def getters(self, want: dict[str, Any]) -> tuple[Any, list[Any], Any]:
+        """(getter of the GETs named in `want`, their expectations, getter of the other GETs) for `m.groups()`."""
+        key = id(want)
+        hit = self._getters.get(key)
+        if hit is None:
+            names = [n for n in want if n in self.index]
+            idx = [self.index[n] for n in names]
+            rest = [i for i in self.gets if i not in idx]
+            hit = (_itemgetter(idx), [want[n] for n in names], _itemgetter(rest))
+            self._getters[key] = hit
+        return hit
+
     def compile(self) -> re.Pattern[bytes]:
         return re.compile(b"".join(self.parts), re.DOTALL)
+
+
+def _itemgetter(idx: list[int]) -> Any:
+    """A getter that always returns a tuple (operator.itemgetter returns a bare item for one index)."""
+    if not idx:
+        return lambda g: ()
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda g: (g[i],)
+    return operator.itemgetter(*idx)
 
 
 def _chunk_pattern(p: _Pattern, tag: str) -> _Pattern:
@@ -146,33 +170,51 @@ def _ints(b: bytes) -> list[int]:
 
 
 class _Ctx:
-    """Per-walk cache of GET values (past `LOW_MEMO` a memo slot is written once, so a value never changes)."""
+    """Per-walk caches: GET values, and the verdict on each combination of the GETs a pattern checks (a record's
+    class, field names and builders are the same few memo slots over and over)."""
 
     def __init__(self, w: Walker) -> None:
         self.w = w
         self.values: dict[bytes, Any] = {}
+        self.verdicts: dict[tuple[Any, ...], bool] = {}
+        self.version = w.memo.version
 
     def value(self, raw: bytes) -> Any:
         v = self.values.get(raw, _MISS)
         if v is _MISS:
             idx = raw[1] if len(raw) == 2 else int.from_bytes(raw[1:], "little")
             v = self.w.memo.get(idx)
-            if idx < self.w.memo.n and len(self.values) < 4096:
+            if len(self.values) < 4096:
                 self.values[raw] = v
         return v
 
     def check(self, g: tuple[Any, ...], pat: _Pattern, lim: int, want: dict[str, Any]) -> bool:
         """Every GET names a slot filled before the record; the named ones hold what the loop needs there:
         a `Global` of that name (str want starting with 'torch.'), that very string, or that builder."""
-        for i in pat.gets:
-            raw = g[i]
+        if self.version != self.w.memo.version:  # a memo slot was overwritten (PUT): forget what was seen
+            self.values.clear()
+            self.verdicts.clear()
+            self.version = self.w.memo.version
+        getter, names, rest = pat.getters(want)
+        named = getter(g)
+        ok = self.verdicts.get(named)
+        if ok is None:
+            ok = self._verify(named, names, lim)
+            if len(self.verdicts) < 4096:
+                self.verdicts[named] = ok
+        if not ok:
+            return False
+        for raw in rest(g):
             if raw is not None and len(raw) == 5 and int.from_bytes(raw[1:], "little") >= lim:
                 return False
-        idx = pat.index
-        for name, expect in want.items():
-            raw = g[idx[name]]
+        return True
+
+    def _verify(self, named: tuple[Any, ...], expects: list[Any], lim: int) -> bool:
+        for raw, expect in zip(named, expects):
             if raw is None:
                 continue
+            if len(raw) == 5 and int.from_bytes(raw[1:], "little") >= lim:
+                return False
             v = self.value(raw)
             if expect is _ANY_CLASS:
                 if v.__class__ is not Global or v.plan:
@@ -192,6 +234,7 @@ class _Ctx:
 
 
 _MISS = object()
+WRITE_ITEM = "torch.distributed.checkpoint.planner.WriteItem"
 _ANY_CLASS = object()
 _ANY_KEY = object()
 
@@ -211,13 +254,24 @@ def install_fast_paths(w: Walker) -> None:
     ctx = _Ctx(w)
 
     def fast(buf: bytes, pos: int, w: Walker = w) -> int:
+        """At a GET: when it names the class of a repeated record and EMPTY_TUPLE NEWOBJ follow, read the run."""
         if w.memo.n < LOW_MEMO:
             return -1
+        k = 2 if buf[pos] == 0x68 else 5
+        if pos + k >= len(buf) or buf[pos + k] != 0x29:
+            return -1
         try:
+            cls = ctx.value(buf[pos:pos + k])
+            if cls.__class__ is not Global:
+                return -1
+            q = cls.qual
             if w.plans:
-                return _plans(ctx, buf, pos)
-            p = _chunks(ctx, buf, pos)
-            return p if p >= 0 else _storage(ctx, buf, pos)
+                return _plans(ctx, buf, pos) if q == WRITE_ITEM else -1
+            if q == CHUNK_CLS:
+                return _chunks(ctx, buf, pos)
+            if q == INDEX:
+                return _storage(ctx, buf, pos)
+            return -1
         except Fallback:
             return -1
 
