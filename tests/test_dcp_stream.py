@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from ckptinspect.errors import ReadError
-from ckptinspect.formats import _stream_fast
-from ckptinspect.formats._globals import GlobalClass
-from ckptinspect.formats._unpickle import PickleReport
+from ckptinspect.pickling import stream_fast as _stream_fast
+from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
 from conftest import SAMPLES

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ckptinspect.chunk_table import ChunkTable
-from ckptinspect.formats._stream_eval import Sink
+from ckptinspect.pickling.stream_eval import Sink
 from ckptinspect.model import StoredItem, Tensor
 
 I64 = np.int64
@@ -140,7 +140,15 @@ def _lookup(uniq: Any, last: Any, q: Any) -> Any:
 def table_from_tensors(tensors: Sequence[Tensor], orig_shapes: Mapping[str, tuple[int, ...]]) -> ChunkTable:
     """A `ChunkTable` of model tensors (what the reference reader built)."""
     files: dict[str, int] = {}
-    t_nd, shapes, lens, c_nd, offs, sizes, fid, pos, length = [], [], [], [], [], [], [], [], []
+    t_nd: list[int] = []
+    shapes: list[int] = []
+    lens: list[int] = []
+    c_nd: list[int] = []
+    offs: list[int] = []
+    sizes: list[int] = []
+    fid: list[int] = []
+    pos: list[int] = []
+    length: list[int] = []
     transforms: dict[int, tuple[str, ...]] = {}
     for t in tensors:
         t_nd.append(len(t.shape))

@@ -1,6 +1,6 @@
 """Streaming reader of a DCP `.metadata` pickle: the chunk table as columns, the file read once, in blocks.
 
-`read_dcp_metadata_columns(f)` walks the pickle's opcodes itself (`_stream_walk.py`, `_stream_fast.py`) and returns
+`read_dcp_metadata_columns(f)` walks the pickle's opcodes itself (`pickling/stream_walk.py`, `pickling/stream_fast.py`) and returns
 `StreamedMetadata`: what `dcp_metadata.DcpMetadata` holds, with the tensors as a `ChunkTable` (a few dozen bytes
 per chunk instead of ~2 KB of stand-in objects). Its safety is the reference unpickler's: the same allowlist
 verdict for every global (recorded in the same `PickleReport`), the same pure data builders, nothing imported or
@@ -19,11 +19,11 @@ from typing import IO, Any
 
 from ckptinspect.chunk_table import ChunkTable
 from ckptinspect.errors import ReadError
-from ckptinspect.formats._stream_eval import _UNSET, TSM, CountList, Fallback, Inst, Sink
-from ckptinspect.formats._stream_fast import install_fast_paths
+from ckptinspect.pickling.stream_eval import _UNSET, TSM, CountList, Fallback, Inst, Sink
+from ckptinspect.pickling.stream_fast import install_fast_paths
 from ckptinspect.formats._stream_table import build_table, table_from_tensors
-from ckptinspect.formats._stream_walk import Walker, walk
-from ckptinspect.formats._unpickle import PickleReport, no_gc
+from ckptinspect.pickling.stream_walk import Walker, walk
+from ckptinspect.pickling.unpickle import PickleReport, no_gc
 from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, DcpMetadata, parse_shard_key, read_dcp_metadata
 from ckptinspect.model import ObjectItem, StoredItem
 
@@ -206,7 +206,7 @@ def _plain(v: Any) -> bool:
 
 
 def _storage_mark() -> Any:
-    from ckptinspect.formats._stream_eval import STORAGE_MARK
+    from ckptinspect.pickling.stream_eval import STORAGE_MARK
 
     return STORAGE_MARK
 

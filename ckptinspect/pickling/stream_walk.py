@@ -2,14 +2,14 @@
 
 Opcodes are the binary ones of protocols 2-5 (what `pickle.dump` writes for DCP `Metadata`); anything else
 (protocol-0 text opcodes, persistent ids, extension codes, out-of-band buffers) raises `Fallback`. `fast` (see
-`_stream_fast.py`) takes over at the byte patterns a DCP writer repeats per chunk; this loop does the rest.
+`stream_fast.py`) takes over at the byte patterns a DCP writer repeats per chunk; this loop does the rest.
 """
 
 from __future__ import annotations
 
 from typing import IO, Any, Callable
 
-from ckptinspect.formats._stream_eval import (
+from ckptinspect.pickling.stream_eval import (
     _D,
     _RECONSTRUCT,
     _UNSET,
@@ -30,7 +30,7 @@ from ckptinspect.formats._stream_eval import (
     StoragePairs,
     resolve_global,
 )
-from ckptinspect.formats._unpickle import PickleReport
+from ckptinspect.pickling.unpickle import PickleReport
 
 BLOCK = 8 << 20
 MARGIN = 1 << 16  # bytes kept ahead of the cursor: every fixed-size argument and every fast-path record fits
@@ -88,7 +88,7 @@ class Walker:
 
     def new_inst(self, cls: Any, args: Any) -> Any:
         """NEWOBJ (and REDUCE on a class): a `Rec` class of the reference ignores the arguments, an `Obj` class
-        keeps them as ``_args`` in its attributes (`_unpickle.Obj.__new__`)."""
+        keeps them as ``_args`` in its attributes (`unpickle.Obj.__new__`)."""
         if cls.__class__ is not Global or type(args) is not tuple:
             raise Fallback("NEWOBJ on a non-class")
         inst = Inst(cls)

@@ -21,7 +21,7 @@ import operator
 import re
 from typing import TYPE_CHECKING, Any
 
-from ckptinspect.formats._stream_eval import (
+from ckptinspect.pickling.stream_eval import (
     CHUNK as CHUNK_CLS,
     INDEX,
     LOW_MEMO,
@@ -33,7 +33,7 @@ from ckptinspect.formats._stream_eval import (
 )
 
 if TYPE_CHECKING:
-    from ckptinspect.formats._stream_walk import Walker
+    from ckptinspect.pickling.stream_walk import Walker
 
 _INT = (rb"(?:K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.....|\x8a\x06......"
         rb"|\x8a\x07.......|\x8a\x08........)")

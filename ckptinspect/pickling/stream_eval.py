@@ -2,9 +2,9 @@
 
 It walks the pickle opcode by opcode (protocols 2-5, as torch's `FileSystemWriter.finish` and Megatron write it) and
 evaluates only what a DCP `Metadata` needs, writing chunks and storage entries into `_Sink` columns instead of
-objects. Safety is the reference unpickler's (`_unpickle.SafeUnpickler`): every global goes through the same
+objects. Safety is the reference unpickler's (`unpickle.SafeUnpickler`): every global goes through the same
 `classify` and is recorded in the `PickleReport`; nothing is imported or called except the same pure data builders
-(`_builders.BUILDERS`). Whatever this evaluator does not model exactly — a global outside the allowlist, an opcode
+(`builders.BUILDERS`). Whatever this evaluator does not model exactly — a global outside the allowlist, an opcode
 that no DCP writer emits, a memo reference it did not keep, a shape of data it does not know — raises `Fallback`,
 and the caller reads the file with the reference unpickler instead (which reports and bounds it as always).
 
@@ -22,9 +22,9 @@ from array import array
 from bisect import bisect_left
 from typing import Any
 
-from ckptinspect.formats._builders import BUILDERS, DType, StorageType
-from ckptinspect.formats._globals import TORCH_DTYPES, TORCH_STORAGE_DTYPES, GlobalClass, classify
-from ckptinspect.formats._unpickle import PickleReport
+from ckptinspect.pickling.builders import BUILDERS, DType, StorageType
+from ckptinspect.pickling.allowlist import TORCH_DTYPES, TORCH_STORAGE_DTYPES, GlobalClass, classify
+from ckptinspect.pickling.unpickle import PickleReport
 
 LOW_MEMO = 1 << 16  # memo slots that keep any value
 MAX_STACK = 1_000_000  # stack entries + open MARKs before giving up (the reference bounds deeper input)
