@@ -17,9 +17,9 @@ Layout (N chunks, T tensors, all arrays int64 unless said otherwise):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from ckptinspect.model import Chunk, StoredItem, Tensor
 
@@ -83,6 +83,57 @@ class ChunkTable:
         key = self.keys[t]
         return Tensor(key, self.shape(t), self.dtypes[t], self.tensor_chunks(t), None, self.orig_shapes.get(key))
 
+    def tensor_views(self) -> tuple[Tensor, ...]:
+        """Every tensor, its chunks a `TableChunks` view (one small object per tensor, none per chunk)."""
+        return tuple(Tensor(k, self.shape(t), self.dtypes[t], TableChunks(self, t), None, self.orig_shapes.get(k))
+                     for t, k in enumerate(self.keys))
+
     def to_tensors(self) -> tuple[Tensor, ...]:
         """Every tensor as model objects: what the reference reader builds (tests compare the two)."""
         return tuple(self.tensor(t) for t in range(self.n_tensors))
+
+
+class TableChunks(Sequence[Chunk]):
+    """The chunks of tensor `t` of a `ChunkTable` as a read-only sequence: `Chunk` objects are made on access, so
+    code that only counts (`len`) or that reads the table's arrays costs nothing per chunk. Equal to any sequence
+    of the same chunks."""
+
+    __slots__ = ("_table", "_start", "_stop")
+
+    def __init__(self, table: ChunkTable, t: int) -> None:
+        self._table = table
+        self._start = int(table.tensor_start[t])
+        self._stop = int(table.tensor_start[t + 1])
+
+    @property
+    def rows(self) -> range:
+        return range(self._start, self._stop)
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, i: int) -> Chunk: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Chunk, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Chunk | tuple[Chunk, ...]:
+        if isinstance(i, slice):
+            return tuple(self._table.chunk(r) for r in self.rows[i])
+        return self._table.chunk(self.rows[i])
+
+    def __iter__(self) -> Iterator[Chunk]:
+        chunk = self._table.chunk
+        for r in range(self._start, self._stop):
+            yield chunk(r)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<TableChunks rows {self._start}:{self._stop}>"

@@ -14,8 +14,9 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
 from ckptinspect.safeio import open_regular
-from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport
-from ckptinspect.formats.dcp_metadata import DcpMetadata, read_dcp_metadata
+from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.dcp_stream import MAX_STREAM_BYTES, read_dcp_metadata_columns
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
 
 METADATA = ".metadata"
@@ -41,9 +42,9 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
         try:
             with open_regular(mpath) as f:
                 size = os.fstat(f.fileno()).st_size
-                if size > MAX_PICKLE_BYTES:
-                    raise ReadError(f".metadata of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
-                md = read_dcp_metadata(f, report)
+                if size > MAX_STREAM_BYTES:
+                    raise ReadError(f".metadata of {size} bytes exceeds the {MAX_STREAM_BYTES} byte bound", "CK603")
+                md = read_dcp_metadata_columns(f, report).as_dcp_metadata()
         except OSError as e:
             findings.append(Finding("CK106", f".metadata unreadable: {e.strerror or e}", METADATA, label))
         except ReadError as e:
@@ -77,6 +78,7 @@ def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoi
         rank_items=md.rank_items if md else (),
         findings=d.findings,
         extra=extra,
+        table=md.table if md else None,
     )
 
 

@@ -23,9 +23,9 @@ from ckptinspect.pickling.stream_eval import _UNSET, TSM, CountList, Fallback, I
 from ckptinspect.pickling.stream_fast import install_fast_paths
 from ckptinspect.formats._stream_table import build_table, table_from_tensors
 from ckptinspect.pickling.stream_walk import Walker, walk
-from ckptinspect.pickling.unpickle import PickleReport, no_gc
+from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
 from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, DcpMetadata, parse_shard_key, read_dcp_metadata
-from ckptinspect.model import ObjectItem, StoredItem
+from ckptinspect.model import ObjectItem
 
 # The streaming reader holds no copy of the file: its bound is on what it walks, not what it keeps.
 MAX_STREAM_BYTES = 64 << 30
@@ -53,6 +53,12 @@ class StreamedMetadata:
         return DcpMetadata(self.table.to_tensors(), self.objects, self.planner_keys, self.rank_items,
                            self.mcore_data, self.version, self.checkpoint_id, self.root_class, self.unknown_attrs,
                            self.storage_without_metadata, self.report)
+
+    def as_dcp_metadata(self) -> DcpMetadata:
+        """A `DcpMetadata` whose tensors are views of the table (no object per chunk) and that carries the table."""
+        return DcpMetadata(self.table.tensor_views(), self.objects, self.planner_keys, self.rank_items,
+                           self.mcore_data, self.version, self.checkpoint_id, self.root_class, self.unknown_attrs,
+                           self.storage_without_metadata, self.report, self.table)
 
 
 def read_dcp_metadata_columns(
@@ -84,7 +90,15 @@ def read_dcp_metadata_columns(
     except (IndexError, KeyError, TypeError, ValueError, OverflowError, UnicodeDecodeError, AttributeError,
             RecursionError, MemoryError, ReadError) as e:
         why = f"{type(e).__name__}: {e}"
+    report.globals.update(probe.globals)  # what the walk judged stays reported, also if the reference fails early
     f.seek(start)
+    f.seek(0, os.SEEK_END)
+    remaining = f.tell() - start
+    f.seek(start)
+    if remaining > MAX_PICKLE_BYTES:
+        # The reference keeps the whole object graph: beyond its bound it is not asked to.
+        raise ReadError(f".metadata of {remaining} bytes needs the reference unpickler ({why}), which is bounded "
+                        f"to {MAX_PICKLE_BYTES} bytes", "CK603")
     md = read_dcp_metadata(f, report)
     return from_reference(md, why)
 
@@ -211,8 +225,3 @@ def _storage_mark() -> Any:
     return STORAGE_MARK
 
 
-def metadata_size(f: IO[bytes]) -> int:
-    return os.fstat(f.fileno()).st_size
-
-
-__all__ = ["StreamedMetadata", "read_dcp_metadata_columns", "from_reference", "StoredItem"]
