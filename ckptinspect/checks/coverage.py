@@ -213,8 +213,16 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     """Coverage findings for every global tensor (legacy per-rank tensors are local: nothing to cover)."""
     if ckpt.format is Format.TORCH:
         return
-    for t in ckpt.tensors:
-        yield from findings_for(tensor_coverage(t), ckpt.path)
+    table = ckpt.table
+    if table is not None and len(ckpt.tensors) == table.n_tensors:
+        # a streamed DCP `.metadata`: screen every 1-D tensor at once, compute exactly only where needed
+        from ckptinspect.checks.columns import tensors_to_check
+
+        for i in tensors_to_check(table).nonzero()[0].tolist():
+            yield from findings_for(tensor_coverage(ckpt.tensors[i]), ckpt.path)
+    else:
+        for t in ckpt.tensors:
+            yield from findings_for(tensor_coverage(t), ckpt.path)
     for o in ckpt.objects:
         if o.storage is None:
             yield Finding("CK304", f"byte item {o.key} has no storage entry", o.key, ckpt.path)
