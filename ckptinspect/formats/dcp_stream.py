@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -26,6 +27,7 @@ from ckptinspect.pickling.stream_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
 from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, DcpMetadata, parse_shard_key, read_dcp_metadata
 from ckptinspect.model import ObjectItem
+from ckptinspect.safeio import open_regular
 
 # The streaming reader holds no copy of the file: its bound is on what it walks, not what it keeps.
 MAX_STREAM_BYTES = 64 << 30
@@ -101,6 +103,32 @@ def read_dcp_metadata_columns(
                         f"to {MAX_PICKLE_BYTES} bytes", "CK603")
     md = read_dcp_metadata(f, report)
     return from_reference(md, why)
+
+
+# What the last sniff read, for the reader that follows it (one entry: the sniff of one checkpoint dir).
+_SHARED: dict[tuple[int, int, int, int], StreamedMetadata] = {}
+
+
+def read_metadata_file(path: Path, report: PickleReport | None = None, keep: bool = False) -> StreamedMetadata:
+    """Read the `.metadata` at `path` once per process: with `keep` (the sniff) the result is kept for the next
+    caller of the same unchanged file (the reader), which takes it. Raises `OSError` / `ReadError`."""
+    report = report if report is not None else PickleReport()
+    with open_regular(path) as f:
+        st = os.fstat(f.fileno())
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        hit = _SHARED.pop(key, None)
+        if hit is not None:
+            report.globals.update(hit.report.globals)
+            if keep:
+                _SHARED[key] = hit
+            return hit
+        if st.st_size > MAX_STREAM_BYTES:
+            raise ReadError(f".metadata of {st.st_size} bytes exceeds the {MAX_STREAM_BYTES} byte bound", "CK603")
+        out = read_dcp_metadata_columns(f, report)
+    if keep:
+        _SHARED.clear()
+        _SHARED[key] = out
+    return out
 
 
 def from_reference(md: DcpMetadata, why: str | None = None) -> StreamedMetadata:
