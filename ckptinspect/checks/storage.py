@@ -180,17 +180,27 @@ def _items_by_position(ckpt: Checkpoint) -> Iterator[tuple[str, StoredItem, str 
         yield from sorted(_items(ckpt), key=lambda x: (x[1].file, x[1].offset))
         return
     rows = np.flatnonzero(table.file_id >= 0)
-    rows = rows[np.lexsort((table.byte_offset[rows], table.file_id[rows]))]
+    objs = [o for o in ckpt.objects if o.storage is not None]
+    fids = {name: i for i, name in enumerate(table.files)}
+    o_file = np.array([fids.setdefault(o.storage.file, len(fids)) for o in objs if o.storage], dtype=np.int64)
+    o_pos = np.array([o.storage.offset for o in objs if o.storage], dtype=np.int64)
+    f_all = np.concatenate((table.file_id[rows].astype(np.int64), o_file))
+    p_all = np.concatenate((table.byte_offset[rows], o_pos))
     tid = chunk_tensor_ids(table)
-    for r in rows.tolist():
+    n = len(rows)
+    for j in np.lexsort((p_all, f_all)).tolist():
+        if j >= n:
+            o = objs[j - n]
+            assert o.storage is not None
+            yield o.key, o.storage, None, None
+            continue
+        r = int(rows[j])
         t = int(tid[r])
         c = table.chunk(r)
         dtype = table.dtypes[t]
         size = dtype_size(dtype)
         assert c.storage is not None
         yield table.keys[t], c.storage, dtype, (math.prod(c.sizes) * size if size is not None else None)
-    yield from sorted(((o.key, o.storage, None, None) for o in ckpt.objects if o.storage is not None),
-                      key=lambda x: (x[1].file, x[1].offset))
 
 
 def _deep_one(files: ItemFiles, item: StoredItem, dtype: str | None, expected: int | None) -> str | None:
