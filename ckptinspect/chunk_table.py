@@ -128,6 +128,23 @@ class TableChunks(Sequence[Chunk]):
         for r in range(self._start, self._stop):
             yield chunk(r)
 
+    def geometry(self) -> bytes | None:
+        """The chunks' (offsets, sizes) as canonical bytes (rows sorted): equal iff the two chunk sets are equal
+        (as sorted lists of (offsets, sizes)); None when chunks have different numbers of axes."""
+        import numpy as np
+
+        t = self._table
+        cs = t.coord_start[self._start:self._stop + 1]
+        nd = np.diff(cs)
+        if len(nd) and (nd != nd[0]).any():
+            return None
+        k = int(nd[0]) if len(nd) else 0
+        idx = (cs[:-1, None] + np.arange(k)[None, :]).astype(np.int64)
+        m = np.concatenate((t.offsets[idx], t.sizes[idx]), axis=1) if k else np.zeros((len(nd), 0), dtype=np.int64)
+        if len(m) and k:
+            m = m[np.lexsort(m.T[::-1])]
+        return k.to_bytes(2, "little") + len(nd).to_bytes(8, "little") + np.ascontiguousarray(m).tobytes()
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
             return NotImplemented
