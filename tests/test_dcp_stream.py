@@ -174,15 +174,19 @@ def test_streamed_generator_equals_pickle_dump_of_torch_objects(tmp_path: Path) 
     assert outs["stream"].all_local_plans == outs["objects"].all_local_plans
 
 
-@pytest.mark.slow
-def test_streamed_generator_loads_in_torch_at_200k(tmp_path: Path) -> None:
-    """~200k chunks: torch's `read_metadata` loads the streamed file and its validation passes (`--check`)."""
+# ~200k chunks when asked (CKPTINSPECT_SCALE_CHUNKS=200000: ~2 min on 2 idle cores); CI runs the cheaper 20k form.
+SCALE_CHUNKS = int(os.environ.get("CKPTINSPECT_SCALE_CHUNKS", "20000"))
+
+
+def test_streamed_generator_loads_in_torch(tmp_path: Path) -> None:
+    """torch's `read_metadata` loads the streamed file and the generator's torch-side validation passes (`--check`:
+    torch's own `_validate_global_plan`, storage entries tiling every file, plans matching storage)."""
     out = tmp_path / "iter_0000001"
     r = subprocess.run([sys.executable, str(REPO / "tools" / "make_synthetic_ckpt.py"), str(out), "--chunks",
-                        "200000", "--check"], capture_output=True, text=True, cwd=REPO)
+                        str(SCALE_CHUNKS), "--check"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "check OK" in r.stdout
-    assert os.path.getsize(out / ".metadata") > 50e6
+    assert os.path.getsize(out / ".metadata") > SCALE_CHUNKS * 200
 
 
 def test_pickle_protocols_2_to_5_of_a_sample(tmp_path: Path) -> None:
