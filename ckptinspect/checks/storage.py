@@ -20,6 +20,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.checks.columns import chunk_tensor_ids
 from ckptinspect.formats._files import ItemFiles
 from ckptinspect.model import Checkpoint, Format, StoredItem, dtype_size
+from ckptinspect.safeio import leaves_dir
 
 MAX_LISTED = 5
 
@@ -83,6 +84,12 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
                 ckpt.path,
                 {"pairs": int(len(pairs))},
             )
+    for name in names:
+        if leaves_dir(name):
+            i = names.index(name)
+            yield Finding("CK207", f"{name}: .metadata places {int(counts[i])} stored item(s) outside the checkpoint "
+                          "dir; DCP would read (and unpickle) them from there", name, ckpt.path,
+                          {"items": int(counts[i])})
     referenced = set(names)
     for f in ckpt.files:
         if f.name.endswith(".distcp") and f.name not in referenced:
