@@ -92,13 +92,13 @@ def read_dcp_metadata_columns(
     except (IndexError, KeyError, TypeError, ValueError, OverflowError, UnicodeDecodeError, AttributeError,
             RecursionError, MemoryError, ReadError) as e:
         why = f"{type(e).__name__}: {e}"
-    report.globals.update(probe.globals)  # what the walk judged stays reported, also if the reference fails early
-    f.seek(start)
     f.seek(0, os.SEEK_END)
     remaining = f.tell() - start
     f.seek(start)
     if remaining > MAX_PICKLE_BYTES:
-        # The reference keeps the whole object graph: beyond its bound it is not asked to.
+        # The reference keeps the whole object graph: beyond its bound it is not asked to. What the walk judged
+        # (a dangerous global among them) is reported all the same.
+        report.globals.update(probe.globals)
         raise ReadError(f".metadata of {remaining} bytes needs the reference unpickler ({why}), which is bounded "
                         f"to {MAX_PICKLE_BYTES} bytes", "CK603")
     md = read_dcp_metadata(f, report)
