@@ -11,21 +11,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from ckptinspect.chunk_table import ChunkTable
 from ckptinspect.pickling.stream_eval import Sink
 from ckptinspect.model import StoredItem, Tensor
 
-I64 = np.int64
+# numpy is imported where a table is built, not with the package (sniff / ls / --version stay quick).
 
 
 def _arr(a: Any, dtype: Any) -> Any:
+    import numpy as np
+
+    I64 = np.int64
     return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype=dtype)
 
 
 def gather_ranges(starts: Any, lens: Any) -> Any:
     """Indices ``starts[0]..starts[0]+lens[0]-1, starts[1]..`` as one array (no Python loop)."""
+    import numpy as np
+
+    I64 = np.int64
     lens = np.asarray(lens, dtype=I64)
     total = int(lens.sum())
     if total == 0:
@@ -36,6 +40,9 @@ def gather_ranges(starts: Any, lens: Any) -> Any:
 
 
 def _starts(lens: Any) -> Any:
+    import numpy as np
+
+    I64 = np.int64
     out = np.zeros(len(lens) + 1, dtype=I64)
     np.cumsum(lens, out=out[1:])
     return out
@@ -43,6 +50,9 @@ def _starts(lens: Any) -> Any:
 
 def _matrix(kids: Any, nd: int, flat: Any, cstart: Any) -> Any:
     """Rows (key id, coord_0..coord_{nd-1}) as a contiguous int64 matrix viewed as one void value per row."""
+    import numpy as np
+
+    I64 = np.int64
     m = np.empty((len(kids), max(nd, 0) + 1), dtype=I64)
     m[:, 0] = kids
     for j in range(max(nd, 0)):
@@ -55,6 +65,9 @@ def build_table(
     orig_shapes: Mapping[str, tuple[int, ...]],
 ) -> tuple[ChunkTable, list[StoredItem | None], int]:
     """(table, each object's stored item, number of storage keys whose fqn has no metadata entry)."""
+    import numpy as np
+
+    I64 = np.int64
     keys = tuple(k for k, _ in tensor_rows)
     order = np.fromiter((r for _, r in tensor_rows), dtype=I64, count=len(tensor_rows))
     # tensors: shapes and dtypes in state_dict_metadata order
@@ -131,6 +144,9 @@ def build_table(
 
 def _lookup(uniq: Any, last: Any, q: Any) -> Any:
     """Storage row of each query key (-1 when absent)."""
+    import numpy as np
+
+    I64 = np.int64
     if not len(q) or not len(uniq):
         return np.full(len(q), -1, dtype=I64)
     pos = np.minimum(np.searchsorted(uniq, q), len(uniq) - 1)
@@ -139,6 +155,9 @@ def _lookup(uniq: Any, last: Any, q: Any) -> Any:
 
 def table_from_tensors(tensors: Sequence[Tensor], orig_shapes: Mapping[str, tuple[int, ...]]) -> ChunkTable:
     """A `ChunkTable` of model tensors (what the reference reader built)."""
+    import numpy as np
+
+    I64 = np.int64
     files: dict[str, int] = {}
     t_nd: list[int] = []
     shapes: list[int] = []
