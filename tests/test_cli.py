@@ -15,7 +15,7 @@ from ckptinspect.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_ckpts"
-FIXTURE = ROOT.parent / "shared" / "fixtures" / "mcore-0.19.2"
+FIXTURE = SAMPLES / "mcore_0_19_2"
 runner = CliRunner()
 
 
@@ -49,7 +49,6 @@ def test_sniff_save_dir_and_checkpoint() -> None:
     assert run_json("sniff", str(SAMPLES / "dcp" / "step-10"))["format"] == "torch_dcp"
 
 
-@pytest.mark.skipif(not FIXTURE.exists(), reason="shared 0.19.2 fixture not present")
 def test_sniff_019_generation() -> None:
     doc = run_json("sniff", str(FIXTURE))
     assert "0.19" in doc["generation"]
