@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ckptinspect.checks import ProgressHook
+from ckptinspect.progress import ProgressHook
 
 ALGORITHM = "sha256"  # the manifest's `algorithm`: the only one hashed here
 _CHUNK = 4 * 1024 * 1024
