@@ -257,9 +257,12 @@ RELEASE_SAMPLES = {
     "mcore_0_14_0": ("0.14.0", dict(_OLD, optim_sharding="fully_sharded_model_space")),
     # 0.15: MCoreMetadata root / MCoreSavePlan plans, dp_reshardable default
     "mcore_0_15_3": ("0.15.3", dict(_OLD, optim_sharding="dp_reshardable")),
-    # 0.15: the last release with the zarr backend (one zarr v2 array dir per tensor key)
-    "mcore_0_15_3_zarr": ("0.15.3", dict(_OLD, optim_sharding="dp_reshardable",
-                                         backend="zarr")),
+    # 0.15: the last release with the zarr backend (one zarr v2 array dir per tensor key).
+    # zarr needs a regular chunk grid (ShardedTensor.max_allowed_chunks): the irregular 1-D
+    # dp_reshardable buckets raise there, and so do flattened tensors -> dp_zero_gather_scatter
+    # (one param_state ShardedObject per DP group), which is what a zarr-era run used.
+    "mcore_0_15_3_zarr": ("0.15.3", dict(_OLD, optim_sharding="dp_zero_gather_scatter",
+                                         fully_parallel=False, backend="zarr")),
 }
 
 
