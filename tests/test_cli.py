@@ -40,7 +40,7 @@ def test_version() -> None:
 def test_sniff_save_dir_and_checkpoint() -> None:
     doc = run_json("sniff", str(SAMPLES / "torch_dist"))
     assert doc["kind"] == "save_dir" and doc["format"] == "torch_dist"
-    assert doc["generation"].startswith("megatron-core<=0.18")
+    assert doc["generation"] == "megatron-core 0.16-0.18 (common.pt)"
     assert any("tracker" in e or "latest_checkpointed_iteration" in e for e in doc["evidence"])
     half = run_json("sniff", str(SAMPLES / "torch_dist" / "iter_0000003"))
     # Megatron would mis-sniff this as torch_dcp; it is an unfinished torch_dist save

@@ -23,7 +23,7 @@ def test_every_format_has_a_reader() -> None:
 
 def test_torch_dist_016_common_pt() -> None:
     c = read_checkpoint(SAMPLES / "torch_dist" / "iter_0000002", "x")
-    assert c.format is Format.TORCH_DIST and c.generation == "megatron-core<=0.18 (common.pt)"
+    assert c.format is Format.TORCH_DIST and c.generation == "megatron-core 0.16-0.18 (common.pt)"
     assert c.iteration == 2 and c.args is not None and c.args["num_layers"] == 2
     assert c.common is not None and c.common["checkpoint_version"] == 3.0
     assert len(c.rank_items) == 8  # all_local_plans: save-time world size

@@ -91,11 +91,11 @@ def test_resume_prediction_matches_megatron_load(sample: str, topo: tuple[int, i
 
 def test_every_sample_audited_complete_loads_at_its_own_topology() -> None:
     """Every sample the same-topology pairs cover is `complete` for ckptinspect; its weights load for Megatron."""
-    from ckptinspect.capabilities.audit import audit_path
+    from ckptinspect.capabilities.audit.audit import audit
 
     same = {s for s, topo, _ in PAIRS if topo == (2, 1, 2)}
     for sample in same:
-        report = audit_path(SAMPLES / sample)
+        report = audit(SAMPLES / sample)
         assert report.status.value == "complete", (sample, [f.code for f in report.findings])
     loads = _real_loads()
     assert all(any(loads[_case_id(s, (2, 1, 2), o)]["ok"] for o in (True, False)
