@@ -140,7 +140,10 @@ def _load_one(model, optimizer, ckpt: str, load_optim: bool) -> str | None:
             if load_optim:
                 optimizer.load_state_dict(state["optimizer"])
         return None
-    except Exception as e:  # the outcome IS the exception; recorded, compared by the caller
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - the outcome IS the exception (torch's CheckpointException
+        # derives from BaseException); recorded per case, compared by the caller
         import traceback
 
         where = traceback.extract_tb(e.__traceback__)[-1]

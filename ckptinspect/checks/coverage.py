@@ -232,7 +232,7 @@ def findings_for(cov: TensorCoverage, path: str, tensor: Tensor | None = None) -
         where = "; ".join(_fmt(o, s) for o, s in cov.gaps) or "coordinates unknown (irregular grid)"
         data: dict[str, object] = {"elements": cov.gap, "regions": [r for r in cov.to_dict()["gaps"]]}
         orig = [r for r in (orig_region(tensor, o, s) for o, s in cov.gaps) if r] if tensor is not None else []
-        if orig:
+        if orig and tensor is not None:
             where += f" = in the original {list(tensor.orig_shape or ())} (mcore_data): {orig[0]}"
             data["orig_regions"] = orig
         yield Finding("CK301", f"{key}: {cov.gap} of {cov.numel} elements covered by no chunk, e.g. {where}",
