@@ -311,7 +311,7 @@ def _build_args(cfg: dict, iteration: int):
         async_save=c["half_written"] != "none",
         bf16=False,
         ckpt_format=ckpt_format,
-        ckpt_fully_parallel_save=c["fully_parallel"],
+        ckpt_fully_parallel_save=c.get("fully_parallel", True),
         clip_grad=1.0,
         consumed_train_samples=iteration * gbs,
         context_parallel_size=1,
@@ -611,7 +611,7 @@ def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist
         data_iterator=None, ckpt_format="torch_dist", **rsm_kw
     )
 
-    if c["backend"] == "zarr":
+    if c.get("backend", "torch_dist") == "zarr":
         # <= 0.15: strategies/zarr.py (needs the `zarr<3` package), version 1 like Megatron's
         # get_default_save_sharded_strategy('zarr').
         from megatron.core.dist_checkpointing.strategies.zarr import ZarrSaveShardedStrategy
@@ -619,7 +619,7 @@ def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist
         strategy = ZarrSaveShardedStrategy("zarr", 1)
     else:
         strategy = TorchDistSaveShardedStrategy("torch_dist", 1)
-    if c["fully_parallel"]:
+    if c.get("fully_parallel", True):  # --no-ckpt-fully-parallel-save leaves DP rank 0 writing the weights
         strategy = FullyParallelSaveStrategyWrapper(
             strategy, parallel_state.get_data_parallel_group(with_context_parallel=True),
         )
