@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,15 @@ def test_no_file_refers_to_a_path_outside_the_repo() -> None:
     offenders = [f"{f.relative_to(ROOT)}:{n}: {line.strip()}"
                  for f in _committed_text_files()
                  for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
-                 if OUTSIDE.search(line)]
+                 if OUTSIDE.search(line) and "not in" not in line]  # an assertion that it is absent is fine
     assert offenders == []
 
 
 def test_a_skip_for_a_missing_fixture_fails(pytester: pytest.Pytester) -> None:
-    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
-    pytester.makepyfile(test_x="""
+    tests = pytester.mkdir("tests")
+    (pytester.path / "sample_ckpts" / "mcore_0_19_2").mkdir(parents=True)
+    (tests / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tests / "test_x.py").write_text(textwrap.dedent("""
         import pytest
         def test_gone():
             pytest.skip("/somewhere/sample not available")
@@ -39,6 +42,6 @@ def test_a_skip_for_a_missing_fixture_fails(pytester: pytest.Pytester) -> None:
             pytest.skip("needs a GPU")
         def test_fixture(fixture_0192):
             pass
-    """)
-    res = pytester.runpytest("-q", "-p", "no:cacheprovider")
+    """))
+    res = pytester.runpytest("-q", "-p", "no:cacheprovider", "tests")
     res.assert_outcomes(failed=1, skipped=1, passed=1)
