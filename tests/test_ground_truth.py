@@ -55,6 +55,11 @@ PAIRS: list[tuple[str, tuple[int, int, int], bool]] = [
 ]
 
 
+# Loads that raise on some ranks only (DP-rank-0 scatter / per-rank bucket checks at a TP change) leave the other
+# ranks inside Megatron's collectives: they run in their own process group so no other case depends on them.
+SOLO = {"mcore_0_15_3@tp1pp1dp2", "mcore_0_13_1_dpzero@tp1pp1dp2"}
+
+
 def _ckpt_dir(sample: str) -> Path:
     return SAMPLES / sample / "iter_0000001"
 
@@ -65,12 +70,16 @@ def _case_id(sample: str, topo: tuple[int, int, int], optim: bool) -> str:
 
 @lru_cache(maxsize=1)
 def _real_loads() -> dict[str, dict[str, object]]:
-    by_topo: dict[tuple[int, int, int], list[tuple[str, str, bool]]] = defaultdict(list)
+    by_topo: dict[tuple[tuple[int, int, int], bool], list[tuple[str, str, bool]]] = defaultdict(list)
     for sample, topo, optim in PAIRS:
-        by_topo[topo].append((_case_id(sample, topo, optim), str(_ckpt_dir(sample)), optim))
+        case = _case_id(sample, topo, optim)
+        by_topo[topo, case in SOLO].append((case, str(_ckpt_dir(sample)), optim))
     out: dict[str, dict[str, object]] = {}
-    for (tp, pp, dp), cases in by_topo.items():
-        out.update(mcore_load.load_cases(cases, tp, pp, dp, MODEL, timeout=600))
+    for ((tp, pp, dp), _), cases in by_topo.items():
+        try:
+            out.update(mcore_load.load_cases(cases, tp, pp, dp, MODEL, timeout=600))
+        except RuntimeError as e:  # the harness itself broke: every case of this batch fails (cached, no rerun)
+            out.update({c: {"ok": None, "error": f"load harness failed: {e}"} for c, _, _ in cases})
     return out
 
 

@@ -48,16 +48,33 @@ def load_cases(cases, tp: int, pp: int, dp: int, model: dict, timeout: float = 6
     import make_sample_ckpts  # the same spawn/timeout handling as the sample writer
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
         cfg = {"tp": tp, "pp": pp, "dp": dp, "world": tp * pp * dp, "model": dict(model),
-               "cases": [[c, os.path.abspath(d), bool(o)] for c, d, o in cases], "out": out,
+               "cases": [[c, os.path.abspath(d), bool(o)] for c, d, o in cases], "out": tmp,
                "port": make_sample_ckpts._free_port(), "format": "load", "out_dir": tmp}
-        _spawn_load(cfg, timeout)
-        with open(out) as f:
-            return json.load(f)
+        harness_error = _spawn_load(cfg, timeout)
+        per_rank = []
+        for r in range(cfg["world"]):
+            path = os.path.join(tmp, f"rank{r}.jsonl")
+            lines = open(path).read().splitlines() if os.path.exists(path) else []
+            per_rank.append(dict(json.loads(x) for x in lines if x.strip()))
+    out = {}
+    for case_id, _, _ in cases:
+        seen = [rank.get(case_id, "<no result>") for rank in per_rank]
+        errors = [e for e in seen if e is not None and e != "<no result>"]
+        if errors:  # raised on at least one rank: the load failed (the others may then hang)
+            out[case_id] = {"ok": False, "error": errors[0]}
+        elif "<no result>" in seen:
+            out[case_id] = {"ok": None, "error": f"not run ({harness_error or 'no result'})"}
+        else:
+            out[case_id] = {"ok": True, "error": None}
+    return out
 
 
-def _spawn_load(cfg: dict, timeout: float) -> None:
+def _spawn_load(cfg: dict, timeout: float, grace: float = 45.0) -> str | None:
+    """Run the ranks; None when all finished cleanly, else why they were stopped.  After a case
+    failed on some rank, the others may wait in a collective that never completes: once no rank
+    has written a result for `grace` seconds after a failure (or one rank exited), all are
+    killed."""
     import torch.multiprocessing as tmp
 
     env = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
@@ -67,15 +84,28 @@ def _spawn_load(cfg: dict, timeout: float) -> None:
         ctx = tmp.start_processes(_entry, args=(cfg,), nprocs=cfg["world"], join=False,
                                   start_method="spawn")
         deadline = time.monotonic() + timeout
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"loads exceeded {timeout:.0f}s")
-        except BaseException as e:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            raise RuntimeError(f"megatron load run failed: {e}") from e
+        logs = [os.path.join(cfg["out"], f"rank{r}.jsonl") for r in range(cfg["world"])]
+        last_size, last_change, why = -1, time.monotonic(), None
+        while any(p.is_alive() for p in ctx.processes):
+            time.sleep(0.5)
+            now = time.monotonic()
+            text = "".join(open(x).read() for x in logs if os.path.exists(x))
+            if len(text) != last_size:
+                last_size, last_change = len(text), now
+            # a result line is ["case", null] (ok) or ["case", "Error: ..."] (raised)
+            failed = '", "' in text or any(not p.is_alive() for p in ctx.processes)
+            if now > deadline:
+                why = f"loads exceeded {timeout:.0f}s"
+            elif failed and now - last_change > grace:
+                why = "ranks stalled after a failed load (desynchronised collectives)"
+            if why:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                break
+        for p in ctx.processes:
+            p.join(5)
+        return why
     finally:
         for k, v in backup.items():
             if v is None:
@@ -102,16 +132,15 @@ def _entry(rank: int, cfg: dict) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
                             world_size=cfg["world"], timeout=datetime.timedelta(seconds=120))
     model, optimizer = _build(cfg)
-    results = {}
-    for case_id, ckpt, load_optim in cfg["cases"]:
-        error = _load_one(model, optimizer, ckpt, load_optim)
-        errors = [None] * cfg["world"]
-        dist.all_gather_object(errors, error)
-        bad = [e for e in errors if e]
-        results[case_id] = {"ok": not bad, "error": bad[0] if bad else None}
-    if rank == 0:
-        with open(cfg["out"], "w") as f:
-            json.dump(results, f, indent=1)
+    # Each rank records its own outcome per case (no collective of ours: a load that raises on
+    # some ranks only leaves the others inside Megatron's collectives, and the parent stops the
+    # run once no rank has made progress for a while after a failure; the cases not reached
+    # then have no result).
+    with open(os.path.join(cfg["out"], f"rank{rank}.jsonl"), "a") as log:
+        for case_id, ckpt, load_optim in cfg["cases"]:
+            error = _load_one(model, optimizer, ckpt, load_optim)
+            log.write(json.dumps([case_id, error]) + "\n")
+            log.flush()
     dist.barrier()
     from megatron.core import parallel_state
 
