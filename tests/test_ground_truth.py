@@ -41,6 +41,7 @@ PAIRS: list[tuple[str, tuple[int, int, int], bool]] = [
     ("mcore_0_13_1_dpzero", (2, 1, 2), True),     # dp_zero_gather_scatter
     ("mcore_0_14_0", (2, 1, 2), True),            # 0.14.0 flattened
     ("mcore_0_14_0", (2, 1, 2), False),
+    ("mcore_0_15_3_zarr", (2, 1, 2), False),      # zarr backend: 0.16 has no zarr load strategy
     ("torch_dist_fully", (1, 1, 2), True),        # TP change, fully_reshardable
     ("mcore_0_15_3", (1, 1, 2), True),            # TP change, dp_reshardable
     ("mcore_0_15_3", (1, 1, 2), False),           # TP change, weights only
@@ -102,7 +103,7 @@ def test_every_sample_audited_complete_loads_at_its_own_topology() -> None:
     """Every sample the same-topology pairs cover is `complete` for ckptinspect; its weights load for Megatron."""
     from ckptinspect.capabilities.audit.audit import audit
 
-    same = {s for s, topo, _ in PAIRS if topo == (2, 1, 2)}
+    same = {s for s, topo, _ in PAIRS if topo == (2, 1, 2) and s != "mcore_0_15_3_zarr"}  # 0.16 cannot load zarr
     for sample in same:
         report = audit(SAMPLES / sample)
         assert report.status.value == "complete", (sample, [f.code for f in report.findings])
