@@ -70,7 +70,7 @@ def load_cases(cases, tp: int, pp: int, dp: int, model: dict, timeout: float = 6
     return out
 
 
-def _spawn_load(cfg: dict, timeout: float, grace: float = 45.0) -> str | None:
+def _spawn_load(cfg: dict, timeout: float, grace: float = 20.0) -> str | None:
     """Run the ranks; None when all finished cleanly, else why they were stopped.  After a case
     failed on some rank, the others may wait in a collective that never completes: once no rank
     has written a result for `grace` seconds after a failure (or one rank exited), all are
