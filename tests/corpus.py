@@ -44,6 +44,11 @@ SOURCES: dict[str, tuple[Path, tuple[str, ...]]] = {
     "legacy": (SAMPLES / "legacy", ("latest_checkpointed_iteration.txt",
                                     "iter_0000001/mp_rank_01_001/model_optim_rng.pt")),
     "dcp": (SAMPLES / "dcp", ("step-10/.metadata",)),
+    # training stacks (tests/corpus_stacks.py)
+    "bridge": (SAMPLES / "bridge", ("latest_train_state.pt", "iter_0000002/run_config.yaml")),
+    "nemo2": (SAMPLES / "nemo2", ("checkpoints",)),
+    "nvrx_local": (SAMPLES / "nvrx_local", ("0/iter_0000002_0_local.pt", "1/iter_0000002_1_local.pt")),
+    "torchtitan": (SAMPLES / "torchtitan", ("step-2/.metadata",)),
     "mcore-0.19.2": (FIXTURE_0192, ("latest_checkpointed_iteration.txt", "iter_0000400/integrity.json")),
 }
 
@@ -560,8 +565,9 @@ CASES: tuple[Case, ...] = (
          sources=TD),
     Case("missing_common_pt", td2(_rm("common.pt")), "corrupt", S({"CK105"}), sources=TD),
     # integrity manifest (the 0.19.2 fixture has integrity.json)
-    Case("manifest_byte_flip", m19(_flip_byte), "corrupt", S({"CK401"}), sources=M19),
-    Case("manifest_stale", m19(_stale_manifest), "corrupt", S({"CK401", "CK405"}), sources=M19),
+    # audit hashes only with --hash / --deep (issue 18: work proportional to the verdict)
+    Case("manifest_byte_flip", m19(_flip_byte), "corrupt", S({"CK401"}), flags=("--hash",), sources=M19),
+    Case("manifest_stale", m19(_stale_manifest), "corrupt", S({"CK401", "CK405"}), flags=("--hash",), sources=M19),
     Case("manifest_file_deleted", m19(_rm("__7_0.distcp")), "corrupt", S({"CK402", "CK201"}), sources=M19),
     Case("manifest_extra_file", m19(_write("notes.txt", b"hello\n")), "complete", S({"CK403"}), sources=M19),
     Case("manifest_garbage", m19(_write("integrity.json", b"\x00garbage")), "corrupt", S({"CK404"}), sources=M19),
@@ -585,7 +591,7 @@ CASES: tuple[Case, ...] = (
     Case("hostile_legacy_model_pt", legacy(_hostile_legacy_pt), "unsafe", S({"CK601"}), sources=LEG,
          subprocess=True),
     Case("hostile_common_state_item", m19(_hostile_item("common_state/shard_0_1")), "unsafe", S({"CK601", "CK401"}),
-         sources=M19, subprocess=True),
+         flags=("--hash",), sources=M19, subprocess=True),
     Case("hostile_rng_item", td2(_hostile_item(RNG_CELL)), "unsafe", S({"CK601"}), sources=TD, subprocess=True),
     Case("hostile_rng_item_deep", td2(_hostile_item(RNG_CELL)), "unsafe", S({"CK601"}), flags=("--deep",),
          sources=TD, subprocess=True),

@@ -37,7 +37,7 @@ import time
 _TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_TOOLS_DIR)
 
-FORMATS = ("torch_dist", "legacy", "dcp")
+FORMATS = ("torch_dist", "legacy", "dcp", "nvrx_local")  # nvrx_local: tools/_stacks_cpu.py
 # dp_reshardable / fully_reshardable: megatron-core >= 0.15 (fully_reshardable also 0.16+);
 # fully_sharded_model_space (flattened, mcore_data) and dp_zero_gather_scatter: <= 0.15 (the
 # only two DistOpt formats 0.13.x / 0.14.0 offer besides the deprecated bucket space one).
@@ -331,6 +331,8 @@ SAMPLES = {
                         optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
     "vpp": dict(format="torch_dist", tp=1, pp=2, vpp=2, dp=1, layers=4, num_microbatches=2,
                 optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
+    "vpp_fully": dict(format="torch_dist", tp=1, pp=2, vpp=2, dp=1, layers=4, num_microbatches=2,
+                      optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
     "cp2": dict(format="torch_dist", tp=1, pp=1, cp=2, dp=2, layers=2,
                 optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
     "swiglu_bf16": dict(format="torch_dist", tp=2, pp=1, dp=2, layers=2, swiglu=True, bf16=True,

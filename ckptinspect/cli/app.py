@@ -149,7 +149,11 @@ def info(
 @app.command()
 def audit(
     path: PathArg,
-    deep: Annotated[bool, typer.Option("--deep", help="read every stored item (archive, payload size)")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="read every stored item (archive, payload size); implies "
+                                       "--hash")] = False,
+    hash_files: Annotated[bool, typer.Option("--hash", help="hash every file the integrity manifest lists (without "
+                                             "it the manifest is checked at metadata level: files present, unlisted, "
+                                             "stale)")] = False,
     all_iterations: Annotated[bool, typer.Option("--all", help="fully audit every iteration of a save dir")] = False,
     manifest: Annotated[Optional[Path], typer.Option("--manifest", help="verify this manifest file")] = None,
     output: OutputOpt = Output.TEXT,
@@ -158,7 +162,11 @@ def audit(
     ignore: IgnoreOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Run every check; print the verdict; exit 1 on findings at or above --fail-on."""
+    """Run every check; print the verdict; exit 1 on findings at or above --fail-on.
+
+    Metadata-level by default: no file is hashed and no tensor bytes are read (--hash hashes what the manifest
+    lists, --deep also reads every stored item).
+    """
 
     def body() -> int:
         from ckptinspect.capabilities.audit.audit import AuditOptions
@@ -167,8 +175,8 @@ def audit(
 
         if manifest is not None and not manifest.exists():
             usage_exit(f"--manifest {manifest}: no such file")
-        with progress_bar(output is Output.TEXT and deep, "deep read") as hook:
-            opts = AuditOptions(deep=deep, all_iterations=all_iterations, manifest=manifest,
+        with progress_bar(output is Output.TEXT and (deep or hash_files), "deep read") as hook:
+            opts = AuditOptions(deep=deep, hash=hash_files, all_iterations=all_iterations, manifest=manifest,
                                 select=tuple(select or ()), ignore=tuple(ignore or ()),
                                 context=CheckContext(progress=hook))
             report = do_audit(path, opts, str(path))
