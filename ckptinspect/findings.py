@@ -86,6 +86,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK104", "error", "corrupt", "format", "metadata.json unreadable or names an unknown backend"),
         _c("CK105", "error", "corrupt", "format", "common state missing"),
         _c("CK106", "error", "corrupt", "format", ".metadata unreadable or not a DCP metadata object"),
+        _c("CK113", "error", "corrupt", "format", "zarr array metadata (.zarray) unreadable or inconsistent"),
         _c("CK110", "error", "corrupt", "legacy", "legacy shard dir missing for the topology in args"),
         _c("CK111", "error", "corrupt", "legacy", "legacy distrib_optim.pt missing"),
         _c("CK112", "warning", None, "legacy", "legacy args disagree between shard files"),

@@ -49,6 +49,8 @@ SOURCES: dict[str, tuple[Path, tuple[str, ...]]] = {
     "nemo2": (SAMPLES / "nemo2", ("checkpoints",)),
     "nvrx_local": (SAMPLES / "nvrx_local", ("0/iter_0000002_0_local.pt", "1/iter_0000002_1_local.pt")),
     "torchtitan": (SAMPLES / "torchtitan", ("step-2/.metadata",)),
+    "mcore_0_15_3_zarr": (SAMPLES / "mcore_0_15_3_zarr", ("latest_checkpointed_iteration.txt",
+                                                          "iter_0000001/output_layer.weight/.zarray")),
     "mcore-0.19.2": (FIXTURE_0192, ("latest_checkpointed_iteration.txt", "iter_0000400/integrity.json")),
 }
 
@@ -476,6 +478,17 @@ def _timeit_common_pt(ckpt: Path, ctx: Ctx) -> None:
     edit_torch_file(ckpt / "common.pt", lambda common: common.__setitem__("payload", CallsTimeit(ctx.marker)))
 
 
+def _timeit_in_planner_data(ckpt: Path, ctx: Ctx) -> None:
+    with edit_metadata(ckpt) as md:
+        if md.planner_data is None:  # Megatron's saves carry none; plain DCP's is a dict
+            md.planner_data = {}
+        md.planner_data["payload"] = CallsTimeit(ctx.marker)
+
+
+def _broken_zarray(it: Path, ctx: Ctx) -> None:
+    (it / "output_layer.weight" / ".zarray").write_text("{not json")
+
+
 def _item_outside_dir(ckpt: Path, ctx: Ctx) -> None:
     """DCP's reader opens `relative_path` joined to the checkpoint dir as it stands: `../` leaves it. Move the
     data file of one stored item next to the checkpoint and point the item there."""
@@ -622,6 +635,14 @@ CASES: tuple[Case, ...] = (
          subprocess=True),
     Case("hostile_common_pt", td2(_hostile_common_pt), "unsafe", S({"CK601"}), sources=TD, subprocess=True),
     Case("hostile_common_pt_timeit", td2(_timeit_common_pt), "unsafe", S({"CK604"}), sources=TD, subprocess=True),
+    # .metadata is read once, by sniff, and handed to the reader: the call must survive the hand-over
+    Case("hostile_metadata_timeit_dcp", dcp(_timeit_in_planner_data), "unsafe", S({"CK604"}), sources=DCP,
+         subprocess=True),
+    Case("hostile_metadata_timeit_torch_dist", td2(_timeit_in_planner_data), "unsafe", S({"CK604"}), sources=TD,
+         subprocess=True),
+    Case("zarr_broken_zarray", _mutated(lambda ctx: copy_source(ctx, "mcore_0_15_3_zarr") / "iter_0000001",
+                                        _broken_zarray, lambda p: p.parent), "corrupt", S({"CK113"}),
+         sources=("mcore_0_15_3_zarr",)),
     Case("storage_item_outside_dir", td2(_item_outside_dir), "unsafe", S({"CK207"}), sources=TD, subprocess=True),
     Case("hostile_legacy_model_pt", legacy(_hostile_legacy_pt), "unsafe", S({"CK601"}), sources=LEG,
          subprocess=True),

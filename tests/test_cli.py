@@ -15,7 +15,7 @@ from ckptinspect.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_ckpts"
-FIXTURE = ROOT.parent / "shared" / "fixtures" / "mcore-0.19.2"
+FIXTURE = SAMPLES / "mcore_0_19_2"
 runner = CliRunner()
 
 
@@ -40,7 +40,7 @@ def test_version() -> None:
 def test_sniff_save_dir_and_checkpoint() -> None:
     doc = run_json("sniff", str(SAMPLES / "torch_dist"))
     assert doc["kind"] == "save_dir" and doc["format"] == "torch_dist"
-    assert doc["generation"].startswith("megatron-core<=0.18")
+    assert doc["generation"] == "megatron-core 0.16-0.18 (common.pt)"
     assert any("tracker" in e or "latest_checkpointed_iteration" in e for e in doc["evidence"])
     half = run_json("sniff", str(SAMPLES / "torch_dist" / "iter_0000003"))
     # Megatron would mis-sniff this as torch_dcp; it is an unfinished torch_dist save
@@ -49,7 +49,6 @@ def test_sniff_save_dir_and_checkpoint() -> None:
     assert run_json("sniff", str(SAMPLES / "dcp" / "step-10"))["format"] == "torch_dcp"
 
 
-@pytest.mark.skipif(not FIXTURE.exists(), reason="shared 0.19.2 fixture not present")
 def test_sniff_019_generation() -> None:
     doc = run_json("sniff", str(FIXTURE))
     assert "0.19" in doc["generation"]

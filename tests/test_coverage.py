@@ -11,7 +11,7 @@ from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Chunk, StoredItem, Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT.parent / "shared" / "fixtures" / "mcore-0.19.2" / "iter_0000400"
+FIXTURE = ROOT / "sample_ckpts" / "mcore_0_19_2" / "iter_0000400"
 _ITEM = StoredItem("__0_0.distcp", 0, 1)
 
 
@@ -81,7 +81,6 @@ def test_stacked_3d_layer_axis() -> None:
     assert cov.gap == 24 and cov.gaps == (((3, 6, 0), (1, 6, 4)),)
 
 
-@pytest.mark.skipif(not FIXTURE.exists(), reason="shared 0.19.2 fixture not present")
 def test_real_checkpoint_covers_exactly() -> None:
     ckpt = read_checkpoint(FIXTURE, str(FIXTURE))
     covs = [tensor_coverage(t) for t in ckpt.tensors]

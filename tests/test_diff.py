@@ -32,15 +32,8 @@ from ckptinspect.capabilities.diff import values
 from ckptinspect.render.diff_text import render_diff
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE_019 = Path("/work/shared/fixtures/mcore-0.19.2")
 SAMPLES = REPO / "sample_ckpts"
-
-needs_019 = pytest.mark.skipif(not FIXTURE_019.is_dir(), reason="mcore-0.19.2 fixture not available")
-
-
-def _needs(*parts: str) -> pytest.MarkDecorator:
-    p = SAMPLES.joinpath(*parts)
-    return pytest.mark.skipif(not p.exists(), reason=f"{p} not generated")
+FIXTURE_019 = SAMPLES / "mcore_0_19_2"
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------------
@@ -243,7 +236,6 @@ def test_unrecognized_side_and_missing_path(tmp_path: Path) -> None:
 # --- Megatron-Core 0.19.2 fixture ------------------------------------------------------------------------------------
 
 
-@needs_019
 def test_fixture_against_itself_values_identical() -> None:
     calls: list[tuple[int, int, str]] = []
     r = diff_paths(FIXTURE_019, FIXTURE_019 / "iter_0000400", values=True,
@@ -260,7 +252,6 @@ def test_fixture_against_itself_values_identical() -> None:
     assert "identical" in render_text(r)
 
 
-@needs_019
 def test_single_flipped_float_is_found(tmp_path: Path) -> None:
     src = FIXTURE_019 / "iter_0000400"
     copy = writable_copy(src, tmp_path / "iter_0000400")
@@ -280,7 +271,6 @@ def test_single_flipped_float_is_found(tmp_path: Path) -> None:
     assert "1/" in render_text(r)
 
 
-@needs_019
 def test_args_missing_on_one_side() -> None:
     ckpt = read_checkpoint(FIXTURE_019 / "iter_0000400", "a")
     bare = Checkpoint(path="b", format=ckpt.format, tensors=ckpt.tensors, objects=ckpt.objects)
@@ -292,7 +282,6 @@ def test_args_missing_on_one_side() -> None:
 # --- sample_ckpts/ (written by tools/make_sample_ckpts.py) ------------------------------------------------------------
 
 
-@_needs("torch_dist", "iter_0000002")
 def test_sample_iterations_progress_only() -> None:
     run = SAMPLES / "torch_dist"
     r = diff_paths(run / "iter_0000001", run / "iter_0000002")
@@ -311,8 +300,6 @@ def test_sample_iterations_progress_only() -> None:
     assert "none blocking" in text and "consumed_train_samples" in text
 
 
-@_needs("legacy", "iter_0000001")
-@_needs("torch_dist", "iter_0000001")
 def test_legacy_vs_torch_dist_says_what_was_compared() -> None:
     r = diff_paths(SAMPLES / "legacy" / "iter_0000001", SAMPLES / "torch_dist" / "iter_0000001", values=True)
     assert not r.tensors.comparable and not r.objects.comparable
@@ -323,7 +310,6 @@ def test_legacy_vs_torch_dist_says_what_was_compared() -> None:
     assert "tensors not compared" in render_text(r)
 
 
-@_needs("legacy", "iter_0000001")
 def test_legacy_values_against_itself() -> None:
     r = diff_paths(SAMPLES / "legacy", SAMPLES / "legacy" / "iter_0000001", values=True)
     assert r.identical and r.values is not None and r.values.compared
@@ -372,7 +358,6 @@ def dcp_grids(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
 
 
 @pytest.mark.slow
-@needs_019
 def test_016_and_019_same_model_diff_clean(run_016: Path) -> None:
     r = diff_paths(FIXTURE_019, run_016)
     assert r.tensors.comparable and r.tensors.common == 29

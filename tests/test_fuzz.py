@@ -40,7 +40,7 @@ from fuzz_hostile_ops import HOSTILE_OPS
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = Path(os.environ.get("CKPTINSPECT_SAMPLES", REPO / "sample_ckpts"))
-FIXTURE_0192 = REPO.parent / "shared" / "fixtures" / "mcore-0.19.2"
+FIXTURE_0192 = SAMPLES / "mcore_0_19_2"
 
 BASES: dict[str, Path] = {
     "torch_dist-0.16": SAMPLES / "torch_dist",

@@ -62,4 +62,4 @@ def test_fresh_megatron_save_topology(live_save: Path) -> None:
     doc = json.loads(r.stdout)
     assert doc["topology"] == {"tp": 2, "pp": 1, "dp": 2, "ep": 1, "world_size": 4, "cp": 1, "etp": None, "vpp": 1}
     assert doc["optimizer_sharding"] == "dp_reshardable"
-    assert doc["generation"].startswith("megatron-core<=0.18")
+    assert doc["generation"] == "megatron-core 0.16-0.18 (common.pt)"

@@ -31,8 +31,7 @@ from ckptinspect.capabilities.manifest.manifest import (
 from ckptinspect.capabilities.manifest.report import ManifestReport, merge_reports, sizes_from_report
 from ckptinspect.model import Checkpoint, Format
 
-FIXTURE = Path("/work/shared/fixtures/mcore-0.19.2/iter_0000400")
-pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason="mcore-0.19.2 fixture not available")
+FIXTURE = Path(__file__).resolve().parents[1] / "sample_ckpts" / "mcore_0_19_2" / "iter_0000400"
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------------

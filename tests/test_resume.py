@@ -29,7 +29,7 @@ from ckptinspect.capabilities.resume import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_ckpts"
-FIXTURE_0192 = ROOT.parent / "shared" / "fixtures" / "mcore-0.19.2"
+FIXTURE_0192 = SAMPLES / "mcore_0_19_2"
 M, O, R, X, S, I = (Component.MODEL, Component.OPTIMIZER, Component.RNG, Component.RERUN_STATE, Component.SCHEDULER,
                     Component.ITERATION)
 

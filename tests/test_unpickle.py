@@ -38,7 +38,7 @@ from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = Path(os.environ.get("CKPTINSPECT_SAMPLES", REPO / "sample_ckpts"))
-FIXTURE_0192 = REPO.parent / "shared" / "fixtures" / "mcore-0.19.2"
+FIXTURE_0192 = SAMPLES / "mcore_0_19_2"
 
 
 # --- the hostile corpus ----------------------------------------------------------------------------------------------

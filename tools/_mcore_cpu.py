@@ -303,7 +303,8 @@ def _build_args(cfg: dict, iteration: int):
 
     c = cfg
     gbs = c["micro_batch_size"] * c["dp"] * c["num_microbatches"]
-    ckpt_format = {"torch_dist": "torch_dist", "legacy": "torch", "nvrx_local": "torch_dist"}[c["format"]]
+    ckpt_format = {"torch_dist": c.get("backend", "torch_dist"), "legacy": "torch",
+                   "nvrx_local": "torch_dist"}[c["format"]]
     a = argparse.Namespace(
         adam_beta1=0.9,
         adam_beta2=0.95,
@@ -382,6 +383,8 @@ def _run_megatron(rank: int, cfg: dict) -> None:
     from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 
     _patch_megatron_rng()
+    if mcore_release() < (0, 16, 0):
+        _patch_distopt_state_without_step()
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -588,14 +591,7 @@ def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
 
-    # training/checkpointing.py _build_sharded_state_dict_metadata
-    metadata = {
-        "distrib_optim_sharding_type": c["optim_sharding"],
-        "singleton_local_shards": False,
-        "chained_optim_avoid_prefix": True,
-    }
-    if c["optim_sharding"] == "fully_reshardable":
-        metadata["distrib_optim_fully_reshardable_mem_efficient"] = False
+    metadata = _content_metadata(c)
 
     state_dict = dict(common)
     model_sd = model.module.sharded_state_dict(metadata=metadata)
@@ -612,11 +608,22 @@ def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist
     )
     # force=True: in 0.16.1 state_dict() returns None outside of a rerun (state
     # NOT_RUNNING_YET); newer Megatron always saves it, and it is the world-size witness.
+    # (0.13.x has no `force` and always returns the state.)
+    import inspect
+
+    rsm_kw = {"force": True} if "force" in inspect.signature(rsm.state_dict).parameters else {}
     state_dict["rerun_state_machine"] = rsm.state_dict(
-        data_iterator=None, ckpt_format="torch_dist", force=True
+        data_iterator=None, ckpt_format="torch_dist", **rsm_kw
     )
 
-    strategy = TorchDistSaveShardedStrategy("torch_dist", 1)
+    if c.get("backend", "torch_dist") == "zarr":
+        # <= 0.15: strategies/zarr.py (needs the `zarr<3` package), version 1 like Megatron's
+        # get_default_save_sharded_strategy('zarr').
+        from megatron.core.dist_checkpointing.strategies.zarr import ZarrSaveShardedStrategy
+
+        strategy = ZarrSaveShardedStrategy("zarr", 1)
+    else:
+        strategy = TorchDistSaveShardedStrategy("torch_dist", 1)
     if c.get("fully_parallel", True):  # --no-ckpt-fully-parallel-save leaves DP rank 0 writing the weights
         strategy = FullyParallelSaveStrategyWrapper(
             strategy, parallel_state.get_data_parallel_group(with_context_parallel=True),
@@ -651,6 +658,55 @@ def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist
     dist.barrier()
 
 
+def mcore_release() -> tuple[int, int, int]:
+    """The installed megatron-core release as (major, minor, patch)."""
+    from megatron.core import package_info
+
+    return tuple(int(x) for x in package_info.__shortversion__.split(".")[:3])
+
+
+def _content_metadata(c: dict) -> dict:
+    """training/checkpointing.py _build_sharded_state_dict_metadata of the installed release.
+
+    0.13.x: only ``distrib_optim_sharding_type`` (content_metadata itself is new in 0.13);
+    0.14.0 adds ``singleton_local_shards`` and ``chained_optim_avoid_prefix``; 0.15+ adds
+    ``distrib_optim_fully_reshardable_mem_efficient`` for fully_reshardable.  The DistOpt
+    sharding types each release knows differ too (0.13/0.14: fully_sharded_model_space,
+    dp_zero_gather_scatter, fully_sharded_bucket_space; 0.15: + dp_reshardable,
+    fully_reshardable; 0.16: flattened fully_sharded_model_space can no longer be written).
+    """
+    rel = mcore_release()
+    metadata = {"distrib_optim_sharding_type": c["optim_sharding"]}
+    if rel >= (0, 14, 0):
+        metadata["singleton_local_shards"] = False
+        metadata["chained_optim_avoid_prefix"] = True
+    if c["optim_sharding"] == "fully_reshardable":
+        metadata["distrib_optim_fully_reshardable_mem_efficient"] = False
+    return metadata
+
+
+def _patch_distopt_state_without_step() -> None:
+    """Save-path CPU care for megatron-core 0.14/0.15: DistributedOptimizer.
+    _get_main_param_and_optimizer_states returns every key of the inner optimizer's param
+    state.  On GPU that is apex/TE FusedAdam, whose per-param state is exp_avg/exp_avg_sq only;
+    on CPU it is torch AdamW, which adds a 0-dim 'step' -> the dp_reshardable writer asserts
+    (shape () vs the bucket slice).  Drop 'step' from the returned dict so the state written is
+    the GPU one (the step lives in param_groups, as with FusedAdam).  0.16+ filters it itself."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    fn = getattr(DistributedOptimizer, "_get_main_param_and_optimizer_states", None)
+    if fn is None or getattr(DistributedOptimizer, "_ckptinspect_nostep", False):
+        return
+
+    def patched(self, model_param):
+        tensors = fn(self, model_param)
+        tensors.pop("step", None)
+        return tensors
+
+    DistributedOptimizer._get_main_param_and_optimizer_states = patched
+    DistributedOptimizer._ckptinspect_nostep = True
+
+
 def _patch_distopt_step_for_torch_adam() -> None:
     """Verify-only workaround: megatron-core 0.16.1 DistributedOptimizer.
     _set_main_param_and_optimizer_states copies every key of the inner optimizer state,
@@ -659,7 +715,9 @@ def _patch_distopt_step_for_torch_adam() -> None:
     loaders set it from param_groups).  Saving never goes through this function."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    if getattr(DistributedOptimizer, "_ckptinspect_step_patch", False):
+    if getattr(DistributedOptimizer, "_ckptinspect_step_patch", False) or not hasattr(
+        DistributedOptimizer, "_set_main_param_and_optimizer_states"
+    ):
         return
     orig = DistributedOptimizer._set_main_param_and_optimizer_states
 

@@ -38,7 +38,12 @@ _TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_TOOLS_DIR)
 
 FORMATS = ("torch_dist", "legacy", "dcp", "nvrx_local")  # nvrx_local: tools/_stacks_cpu.py
-OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
+# dp_reshardable / fully_reshardable: megatron-core >= 0.15 (fully_reshardable also 0.16+);
+# fully_sharded_model_space (flattened, mcore_data) and dp_zero_gather_scatter: <= 0.15 (the
+# only two DistOpt formats 0.13.x / 0.14.0 offer besides the deprecated bucket space one).
+OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable", "fully_sharded_model_space",
+                   "dp_zero_gather_scatter")
+BACKENDS = ("torch_dist", "zarr")  # zarr: megatron-core <= 0.15 only (needs `zarr<3`)
 HALF_WRITTEN = ("none", "before_metadata", "before_metadata_json")
 
 
@@ -59,7 +64,7 @@ DEFAULTS = dict(
     format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4, vocab_size=100,
     make_vocab_size_divisible_by=64, optim_sharding="dp_reshardable", iterations=(1,),
     half_written="none", seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,
-    lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d",
+    lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d", backend="torch_dist",
     # parallel layouts (tools/_mcore_layouts.py); the defaults keep the dense EP=1 samples above
     cp=1, ep=1, etp=None, vpp=None, experts=0, topk=2, swiglu=False, bf16=False,
 )
@@ -75,6 +80,10 @@ def _config(out_dir: str, **config) -> dict:
         raise ValueError(f"format must be one of {FORMATS}, got {c['format']!r}")
     if c["optim_sharding"] not in OPTIM_SHARDINGS:
         raise ValueError(f"optim_sharding must be one of {OPTIM_SHARDINGS}")
+    if c["backend"] not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}")
+    if c["backend"] != "torch_dist" and c["format"] != "torch_dist":
+        raise ValueError("backend is only meaningful for format='torch_dist'")
     if c["half_written"] not in HALF_WRITTEN:
         raise ValueError(f"half_written must be one of {HALF_WRITTEN}")
     if c["half_written"] != "none" and c["format"] != "torch_dist":
@@ -153,6 +162,7 @@ def make_checkpoint(
     train_iters: int = 10,
     dcp_step: int = 10,
     dcp_mesh: str = "1d",
+    backend: str = "torch_dist",
     timeout: float = 600.0,
     **layouts,
 ) -> str:
@@ -166,6 +176,7 @@ def make_checkpoint(
     DTensors on a 1-D ("dp_shard") or 2-D ("dp_shard", "tp") CPU mesh (``dcp_mesh``).
     Raises ValueError for a bad config, RuntimeError if any rank fails or the run exceeds
     ``timeout`` seconds (all workers are terminated).
+    ``backend``: the dist_checkpointing save backend (``zarr`` needs megatron-core <= 0.15).
     ``layouts``: cp, ep, etp, vpp, experts, topk, swiglu, bf16 (see LAYOUT_DEFAULTS); any
     non-default value routes the run through tools/_mcore_layouts.py; world = tp*pp*cp*dp.
     """
@@ -177,7 +188,8 @@ def make_checkpoint(
                   half_written=half_written, fully_parallel=fully_parallel, seed=seed,
                   seq_length=seq_length,
                   micro_batch_size=micro_batch_size, num_microbatches=num_microbatches, lr=lr,
-                  train_iters=train_iters, dcp_step=dcp_step, dcp_mesh=dcp_mesh, **layouts)
+                  train_iters=train_iters, dcp_step=dcp_step, dcp_mesh=dcp_mesh,
+                  backend=backend, **layouts)
     os.makedirs(out_dir, exist_ok=True)
     _spawn(cfg, cfg["world"], timeout)
     return out_dir
@@ -334,8 +346,41 @@ SAMPLES = {
 }
 
 
+# Older on-disk generations: one tiny model (the torch_dist_fully model: TP2 x PP1 x DP2), each
+# written by the release named here, which must be the installed megatron-core (run this script
+# with that release's interpreter; build_samples skips the others).  Python 3.11, torch
+# 2.13.0+cpu.  Release-specific CPU care is in tools/_mcore_cpu.py (_content_metadata,
+# _patch_distopt_state_without_step, rerun state without `force` on 0.13).
+_OLD = dict(format="torch_dist", tp=2, pp=1, dp=2, layers=2, hidden=16, heads=4, vocab_size=100,
+            make_vocab_size_divisible_by=64, iterations=(1,), seed=1234)
+RELEASE_SAMPLES = {
+    # 0.13: flattened DistOpt state (ShardedTensor.flattened_range), N-D reformulated on disk,
+    # original shapes in .metadata mcore_data; the default with --ckpt-fully-parallel-save
+    "mcore_0_13_1": ("0.13.1", dict(_OLD, optim_sharding="fully_sharded_model_space")),
+    # 0.13 without fully parallel save: one param_state ShardedObject per DP group (DP rank 0)
+    "mcore_0_13_1_dpzero": ("0.13.1", dict(_OLD, optim_sharding="dp_zero_gather_scatter",
+                                           fully_parallel=False)),
+    # 0.14.0: still flattened (dp_reshardable arrives in 0.15), new content_metadata keys
+    "mcore_0_14_0": ("0.14.0", dict(_OLD, optim_sharding="fully_sharded_model_space")),
+    # 0.15: MCoreMetadata root / MCoreSavePlan plans, dp_reshardable default
+    "mcore_0_15_3": ("0.15.3", dict(_OLD, optim_sharding="dp_reshardable")),
+    # 0.15: the last release with the zarr backend (one zarr v2 array dir per tensor key).
+    # zarr needs a regular chunk grid (ShardedTensor.max_allowed_chunks): the irregular 1-D
+    # dp_reshardable buckets raise there, and so do flattened tensors -> dp_zero_gather_scatter
+    # (one param_state ShardedObject per DP group), which is what a zarr-era run used.
+    "mcore_0_15_3_zarr": ("0.15.3", dict(_OLD, optim_sharding="dp_zero_gather_scatter",
+                                         fully_parallel=False, backend="zarr")),
+}
+
+
+def _installed_release() -> str:
+    from importlib.metadata import version
+
+    return version("megatron-core")
+
+
 def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True,
-                  verify: bool = False) -> dict:
+                  verify: bool = False, timeout: float = 600.0) -> dict:
     """Rebuild the sample save dirs under ``root`` (relative to the repo root) from nothing.
 
     Returns {name: seconds}.  README.md in ``root`` is left untouched.  ``verify``: also
@@ -345,19 +390,27 @@ def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True,
     os.chdir(_REPO_ROOT)  # recorded paths (args.save, .metadata checkpoint_id) stay relative
     timings = {}
     try:
-        for name, kw in SAMPLES.items():
+        installed = _installed_release()
+        todo = [(n, "0.16.1", kw) for n, kw in SAMPLES.items()]
+        todo += [(n, rel, kw) for n, (rel, kw) in RELEASE_SAMPLES.items()]
+        for name, release, kw in todo:
             if only and name not in only:
+                continue
+            if release != installed:
+                if verbose:
+                    print(f"[make_sample_ckpts] skip {name}: written by megatron-core {release}, "
+                          f"installed {installed} (run with that release's interpreter)")
                 continue
             d = os.path.join(root, name)
             if os.path.isdir(d):
                 shutil.rmtree(d)
             t0 = time.monotonic()
-            make_checkpoint(d, **kw)
+            make_checkpoint(d, timeout=timeout, **kw)
             timings[name] = time.monotonic() - t0
             if verbose:
                 print(f"[make_sample_ckpts] {d}: {timings[name]:.1f}s", flush=True)
             if verify and kw["format"] != "dcp" and not set(kw) & set(LAYOUT_DEFAULTS):
-                verify_checkpoint(d, **kw)
+                verify_checkpoint(d, timeout=timeout, **kw)
     finally:
         os.chdir(prev_cwd)
     return timings
@@ -366,7 +419,7 @@ def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True,
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="save dir to write (omit to rebuild sample_ckpts/)")
-    p.add_argument("--only", nargs="*", choices=sorted(SAMPLES),
+    p.add_argument("--only", nargs="*", choices=sorted({*SAMPLES, *RELEASE_SAMPLES}),
                    help="with no --out: rebuild only these samples")
     p.add_argument("--format", default="torch_dist", choices=FORMATS)
     p.add_argument("--tp", type=int, default=2)
@@ -396,6 +449,7 @@ def _parse(argv=None):
     p.add_argument("--num-microbatches", type=int, default=1)
     p.add_argument("--swiglu", action="store_true", help="gated_linear_unit with silu")
     p.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params")
+    p.add_argument("--backend", default="torch_dist", choices=BACKENDS)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--verify", action="store_true",
                    help="afterwards, load the written torch_dist/legacy iterations back with "
@@ -407,7 +461,7 @@ def main(argv=None) -> int:
     a = _parse(argv)
     try:
         if a.out is None:
-            build_samples(only=a.only, verify=a.verify)
+            build_samples(only=a.only, verify=a.verify, timeout=a.timeout)
         else:
             kw = dict(
                 format=a.format, tp=a.tp, pp=a.pp, dp=a.dp, layers=a.layers,
@@ -417,6 +471,7 @@ def main(argv=None) -> int:
                 half_written=a.half_written, seed=a.seed, seq_length=a.seq_length,
                 fully_parallel=a.fully_parallel,
                 micro_batch_size=a.micro_batch_size, dcp_step=a.dcp_step, dcp_mesh=a.dcp_mesh,
+                backend=a.backend,
             )
             layouts = dict(cp=a.cp, ep=a.ep, etp=a.etp, vpp=a.vpp, experts=a.experts,
                            topk=a.topk, swiglu=a.swiglu, bf16=a.bf16)

@@ -244,7 +244,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         tensors = ckpt.tensors
     for t in tensors:
         cov = tensor_coverage(t)
-        for f in findings_for(cov, ckpt.path):
+        for f in findings_for(cov, ckpt.path, t):
             yield _with_layout(f, ckpt, t, cov) if f.code == "CK301" and cov.gaps else f
     for o in ckpt.objects:
         if o.storage is None:
@@ -261,7 +261,7 @@ def _with_layout(f: Finding, ckpt: Checkpoint, t: Tensor, cov: TensorCoverage) -
                                details={**(f.details or {}), "layout": coords})
 
 
-def findings_for(cov: TensorCoverage, path: str) -> Iterator[Finding]:
+def findings_for(cov: TensorCoverage, path: str, tensor: Tensor | None = None) -> Iterator[Finding]:
     key = cov.key
     if cov.out_of_bounds:
         yield Finding("CK303", f"{key}: {cov.out_of_bounds} chunk(s) outside the global shape", key, path,
@@ -271,8 +271,13 @@ def findings_for(cov: TensorCoverage, path: str) -> Iterator[Finding]:
                       {"chunks": cov.no_storage})
     if cov.gap:
         where = "; ".join(_fmt(o, s) for o, s in cov.gaps) or "coordinates unknown (irregular grid)"
+        data: dict[str, object] = {"elements": cov.gap, "regions": [r for r in cov.to_dict()["gaps"]]}
+        orig = [r for r in (orig_region(tensor, o, s) for o, s in cov.gaps) if r] if tensor is not None else []
+        if orig and tensor is not None:
+            where += f" = in the original {list(tensor.orig_shape or ())} (mcore_data): {orig[0]}"
+            data["orig_regions"] = orig
         yield Finding("CK301", f"{key}: {cov.gap} of {cov.numel} elements covered by no chunk, e.g. {where}",
-                      key, path, {"elements": cov.gap, "regions": [r for r in cov.to_dict()["gaps"]]})
+                      key, path, data)
     if cov.overlap:
         where = "; ".join(_fmt(o, s) for o, s in cov.overlaps) or "coordinates unknown"
         yield Finding("CK302", f"{key}: {cov.overlap} element(s) covered more than once, e.g. {where}",
@@ -283,3 +288,36 @@ def _fmt(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> str:
     if not offsets:
         return "the scalar"
     return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(offsets, sizes)) + "]"
+
+
+def orig_region(t: Tensor, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> str | None:
+    """Map a region of an N-D reformulated tensor back to its original shape (`mcore_data`), or None.
+
+    Megatron-Core 0.8-0.15 stores a flattened DistOpt tensor as (*grid, local numel): one axis per axis of the
+    original's model-parallel sharding grid, then the flattened local shard (reference §5.4; checked on
+    sample_ckpts/mcore_0_13_1, e.g. output_layer (128, 16) at TP2 -> (2, 1, 1024)). The region's first and last
+    elements are given as original coordinates, with the block (grid cell) and flat range they came from.
+    """
+    orig = t.orig_shape
+    if orig is None or len(t.shape) != len(orig) + 1 or not offsets or not sizes or 0 in sizes:
+        return None
+    grid = t.shape[:-1]
+    if any(g < 1 or o % g for g, o in zip(grid, orig)):
+        return None
+    local = tuple(o // g for o, g in zip(orig, grid))
+    if math.prod(local) != t.shape[-1]:
+        return None
+
+    def coords(block: tuple[int, ...], flat: int) -> list[int]:
+        out = []
+        for n in reversed(local):
+            out.append(flat % n)
+            flat //= n
+        return [b * n + c for b, n, c in zip(block, local, reversed(out))]
+
+    first_block = offsets[:-1]
+    last_block = tuple(o + s - 1 for o, s in zip(offsets[:-1], sizes[:-1]))
+    a, b = offsets[-1], offsets[-1] + sizes[-1]
+    return (f"elements {coords(first_block, a)} .. {coords(last_block, b - 1)} "
+            f"(grid cell {list(first_block)}{'' if first_block == last_block else f'..{list(last_block)}'}, "
+            f"flat {a}:{b} of a {list(local)} shard)")

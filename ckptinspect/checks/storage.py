@@ -153,17 +153,19 @@ def _size_outside_listing(root: Path, name: str) -> int | None:
 
 
 def _deep(ckpt: Checkpoint, ctx: CheckContext, sizes: dict[str, int | None]) -> Iterator[Finding]:
-    """Read every stored item, file by file in offset order: one open handle per `.distcp` file, sequential reads."""
+    """Read every stored item, file by file in offset order: one open handle per `.distcp` file, sequential reads.
+    zarr chunk files are raw array bytes, not torch archives: only their length is checked (CK201/CK202 above)."""
+    zarr = ckpt.extra.get("sharded_backend") == "zarr"
 
-    def readable(item: StoredItem) -> bool:
+    def readable(item: StoredItem, dtype: str | None) -> bool:
         size = sizes.get(item.file)
-        return size is not None and item.end <= size
+        return size is not None and item.end <= size and not (zarr and dtype is not None)
 
-    total = sum(item.length for _, item, _, _ in _items(ckpt) if readable(item))
+    total = sum(item.length for _, item, dtype, _ in _items(ckpt) if readable(item, dtype))
     bad = 0
     with ItemFiles(Path(ckpt.path)) as files:
         for subject, item, dtype, expected in _items_by_position(ckpt):
-            if not readable(item):
+            if not readable(item, dtype):
                 continue
             problem = _deep_one(files, item, dtype, expected)
             if ctx.progress is not None:

@@ -118,7 +118,10 @@ def read_metadata_file(path: Path, report: PickleReport | None = None, keep: boo
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         hit = _SHARED.pop(key, None)
         if hit is not None:
+            # the whole verdict, not only the globals: a call outside the inert constructors is what makes it unsafe
             report.globals.update(hit.report.globals)
+            for q, at in hit.report.called.items():
+                report.called.setdefault(q, at)
             if keep:
                 _SHARED[key] = hit
             return hit

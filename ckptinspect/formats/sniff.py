@@ -14,6 +14,7 @@ from pathlib import Path
 from ckptinspect.formats._files import regular_size
 from ckptinspect.safeio import read_small
 from ckptinspect.formats.dcp_stream import read_metadata_file
+from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_generation
 from ckptinspect.formats.legacy import is_legacy_dir
 from ckptinspect.formats.nvrx_local import LOCAL_FILE
 from ckptinspect.formats.savedir import TRACKER, looks_like_save_dir
@@ -81,7 +82,15 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
         if (path / "common.pt").exists():
             ev.append("common.pt present")
         state = "complete"
-        if not (path / ".metadata").exists():
+        if gen is not None and isinstance(cfg, dict) and cfg.get("sharded_backend") == "zarr":
+            gen = GEN_ZARR
+            ev.append("zarr backend: one zarr array dir per tensor key, no .metadata (megatron-core <=0.15)")
+        elif gen is not None and isinstance(cfg, dict):
+            finer = _megatron_generation(path, cfg)
+            if finer.label is not None:
+                gen = finer.label
+                ev.extend(finer.evidence)
+        if state == "complete" and not (path / ".metadata").exists() and gen != GEN_ZARR:
             # metadata.json is written after .metadata: a missing .metadata here was lost, not never written.
             state = "CK103" if (path / ".metadata.tmp").exists() else "CK106"
         return CheckpointSniff(Format.TORCH_DIST, tuple(ev), gen, state)
@@ -109,6 +118,37 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             ev.append("common.pt present")
         return CheckpointSniff(fmt, tuple(ev), None, "CK103" if tmp else "CK102")
     return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, "CK100")
+
+
+def _megatron_generation(path: Path, cfg: dict[str, object]) -> Generation:
+    """The release family from a small `.metadata` and `common.pt` (both read without executing anything)."""
+    from ckptinspect.errors import ReadError
+    from ckptinspect.pickling.plain import to_plain
+    from ckptinspect.pickling.torch_archive import read_torch_file
+
+    md = None
+    size = regular_size(path / ".metadata")
+    if size is not None and size <= (64 << 20):
+        try:
+            # kept for the reader that follows: the file is read once (`dcp_stream.read_metadata_file`)
+            md = read_metadata_file(path / ".metadata", keep=True).as_dcp_metadata()
+        except Exception:  # noqa: BLE001 - the reader reports an unreadable .metadata; sniff just knows less
+            md = None
+    common = None
+    source = None
+    csize = regular_size(path / "common.pt")
+    if csize is not None:
+        source = "common.pt"
+        if csize <= (4 << 20):
+            try:
+                archive = read_torch_file(path / "common.pt")
+                plain = None if archive.report.dangerous else to_plain(archive.obj)
+                common = plain if isinstance(plain, dict) else None
+            except (ReadError, OSError):
+                common = None
+    elif md is not None and any(o.key == "common_state/shard_0_1" for o in md.objects):
+        source = "common_state/shard_0_1"
+    return megatron_generation(cfg, source, md, common)
 
 
 def sniff_stacked(path: Path, megatron_context: bool = False) -> tuple[CheckpointSniff, Stack | None]:

@@ -10,19 +10,22 @@ Generations (reference §0, §3, §4):
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import pickle_findings, read_item_archive
+from ckptinspect.formats._files import list_files, pickle_findings, read_item_archive
 from ckptinspect.safeio import read_small
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import read_torch_file
 from ckptinspect.formats.dcp import read_dcp_dir
 from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.generation import megatron_generation
+from ckptinspect.formats.zarr_dir import read_zarr_arrays
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Format
 
@@ -61,9 +64,15 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     if why is not None and (path / METADATA_JSON).exists():
         findings.append(Finding("CK104", f"metadata.json {why}", METADATA_JSON, label))
 
+    zarr = config is not None and config.get("sharded_backend") == "zarr"
+    tensors, objects = (md.tensors, md.objects) if md else ((), ())
+    if zarr:  # ≤0.15 zarr backend: no .metadata, one zarr array dir per tensor key
+        tensors, objects, zarr_findings = read_zarr_arrays(path, label)
+        d = replace(d, files=list_files(path, recursive=True))  # the chunk files are the payload
+        findings.extend(zarr_findings)
     common, common_source, common_findings = _read_common(path, label, md)
     findings.extend(common_findings)
-    if common is None and md is not None and not any(f.code in ("CK601", "CK604", "CK206", "CK105", "CK603")
+    if common is None and (md is not None or zarr) and not any(f.code in ("CK601", "CK604", "CK206", "CK105", "CK603")
                                                       for f in common_findings):
         findings.append(
             Finding(
@@ -78,7 +87,10 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     if not isinstance(iteration, int):
         iteration = args.get("iteration") if args and isinstance(args.get("iteration"), int) else None
     topology, layout = topology_from(args, md)
-    extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source, "layout": layout}
+    generation = megatron_generation(config, common_source, md, common)
+    extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source, "layout": layout,
+                             "sharded_backend": config.get("sharded_backend") if config else None,
+                             "generation_evidence": list(generation.evidence)}
     if md is not None:
         extra["metadata_root"] = md.root_class
         extra["planner_keys"] = md.planner_keys
@@ -89,10 +101,10 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     return Checkpoint(
         path=label,
         format=Format.TORCH_DIST,
-        generation=_generation(config, common_source, md),
+        generation=generation.label,
         iteration=iteration,
-        tensors=md.tensors if md else (),
-        objects=md.objects if md else (),
+        tensors=tensors,
+        objects=objects,
         files=d.files,
         args=args,
         common={k: v for k, v in common.items() if k != "args"} if isinstance(common, dict) else None,
@@ -188,18 +200,4 @@ def optimizer_sharding(common: Mapping[str, Any] | None, md: DcpMetadata | None)
         return "fully_sharded_model_space" if fps else "dp_zero_gather_scatter"
     if any(k.startswith("optimizer.state.") for k in keys):
         return "model_space"
-    return None
-
-
-def _generation(config: dict[str, Any] | None, common_source: str | None, md: DcpMetadata | None) -> str | None:
-    if md is not None and (md.mcore_data or md.root_class.endswith("MCoreMetadata")):
-        return "megatron-core 0.8-0.15 (mcore_data / MCoreMetadata)"
-    if md is not None and any(g.endswith("MCoreSavePlan") for g in md.report.globals):
-        return "megatron-core 0.11-0.15 (MCoreSavePlan)"
-    if common_source == COMMON_PT:
-        return "megatron-core<=0.18 (common.pt)"
-    if common_source == COMMON_STATE_KEY:
-        return "megatron-core>=0.19 (common_state item)"
-    if config is not None:
-        return "megatron-core>=0.19 (2-key metadata.json)" if "common_backend" not in config else "megatron-core<=0.18"
     return None

@@ -23,6 +23,13 @@ def _m_unreadable(f: _Facts) -> str | None:
         if f.broken else None
 
 
+def _m_zarr(f: _Facts) -> str | None:
+    if f.ckpt.extra.get("sharded_backend") != "zarr":
+        return None
+    return ("saved with the zarr backend (megatron-core <=0.15); 0.16 removed the zarr load strategy (PR #2944), so "
+            "dist_checkpointing.load finds no strategy for it: load and re-save it with megatron-core 0.15 as torch_dist")
+
+
 def _m_topology(f: _Facts) -> str | None:
     return "the target run cannot start: " + "; ".join(f.problems) if f.problems else None
 

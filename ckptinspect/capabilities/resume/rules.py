@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ckptinspect.capabilities.resume.conditions import (
     _i_finetune, _i_load, _i_missing, _i_release, _loaded, _m_args, _m_legacy_split, _m_load, _m_reshard,
-    _m_topology, _m_unreadable, _m_vocab, _m_vocab_unknown, _o_absent, _o_dp, _o_ep_fixed, _o_expert_split,
+    _m_topology, _m_unreadable, _m_vocab, _m_zarr, _m_vocab_unknown, _o_absent, _o_dp, _o_ep_fixed, _o_expert_split,
     _o_flattened, _o_legacy_missing, _o_legacy_split, _o_missing, _o_reshard, _o_skip, _o_split_fixed, _o_vpp_fixed,
     _r_absent, _r_dp_init, _r_ep_grid, _r_legacy_split, _r_load, _r_missing, _r_skip, _r_split, _release, _s_absent,
     _s_load, _s_missing, _s_skip, _x_absent, _x_changed, _x_finetune, _x_idle,
@@ -40,6 +40,8 @@ F, RS, LD, SK, DR, AB = (Outcome.FAILS, Outcome.RESHARDED, Outcome.LOADED, Outco
 
 RULES: tuple[Rule, ...] = (
     Rule("model.unreadable", M, "the reader found errors", F, "[LM] _load_base_checkpoint", _m_unreadable),
+    Rule("model.zarr", M, "zarr backend (megatron-core <=0.15)", F,
+         "[mc] dist_checkpointing/strategies/base.py (no zarr strategy since 0.16, PR #2944)", _m_zarr),
     Rule("model.topology", M, "target sizes violate a divisibility", F, "[mc] see each problem", _m_topology),
     Rule("model.legacy-split", M, "legacy format and TP, PP, EP or VPP changes", F,
          "[LM] check_checkpoint_args; get_checkpoint_name", _m_legacy_split),
