@@ -4,6 +4,8 @@ For every case: the exit code is the one the findings imply (1 iff an error-seve
 no traceback, a JSON document with `schema_version` 1, the expected status and codes, and the audited tree is
 byte-identical afterwards (the tool never writes into a checkpoint). Hostile-pickle cases and a few others run as
 real subprocesses and must leave their marker file uncreated; the rest run in-process through typer's CliRunner.
+Every document must validate against `docs/schema/audit.schema.json`, and `ckptinspect.audit(PATH)` must return
+the same document (`to_dict()`) and the same exit code (`exit_code()`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import ckptinspect
 from ckptinspect.cli.app import app
 from ckptinspect.findings import CODES, Status
 from corpus import CASES, Case, Ctx, missing_source
+from schemas import validate_document
 
 STATUS_RANK = {"complete": 0, "unrecognized": 1, "incomplete": 2, "corrupt": 3, "unsafe": 4}  # CONTRACT precedence
 
@@ -91,6 +95,7 @@ def test_audit(case: Case, tmp_path: Path) -> None:
     assert run.exit_code in (0, 1), f"exit {run.exit_code}: {run.stderr}"
     doc = json.loads(run.stdout)
     assert doc["schema_version"] == 1 and doc["tool"] == "ckptinspect"
+    validate_document(doc)
     codes = {f["code"] for f in doc["findings"]}
     assert doc["status"] == case.status, summary(doc)
     assert case.codes <= codes, f"missing {sorted(case.codes - codes)}; got {summary(doc)}"
@@ -106,6 +111,12 @@ def test_audit(case: Case, tmp_path: Path) -> None:
     assert doc["status"] == max(implied, key=STATUS_RANK.__getitem__, default="complete"), summary(doc)
     assert tree_state(ctx.work) == before, "the audit modified the checkpoint"
     assert not ctx.marker.exists(), "a pickle from the checkpoint was executed"
+    # The Python API says exactly what the CLI said (and, in this process, executes nothing either).
+    assert set(case.flags) <= {"--deep"}, "map the new flag to its `ckptinspect.audit` argument here"
+    r = ckptinspect.audit(path, deep="--deep" in case.flags)
+    assert r.to_dict() == doc
+    assert r.exit_code() == run.exit_code
+    assert not ctx.marker.exists(), "a pickle from the checkpoint was executed by ckptinspect.audit"
 
 
 def test_every_code_is_covered_by_a_case() -> None:
