@@ -15,6 +15,7 @@ readers, no torch); the audit runs when a test asks for it.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,18 +41,10 @@ def failure_message(result: AuditResult, fail_on: FailOn = "error", width: int =
 
     sev = fail_severity(fail_on)
     failing = [f for f in result.deciding_findings if sev is not None and f.severity.rank >= sev.rank]
-    console = Console(width=width, no_color=True, highlight=False, record=True, file=_Null())
+    console = Console(width=width, no_color=True, highlight=False, record=True, file=io.StringIO())
     console.print(render_findings(failing))
     return (f"checkpoint {result.report.path}: {result.status.value}, {len(failing)} finding(s) at or above "
             f"{sev.value if sev else 'never'}\n" + console.export_text())
-
-
-class _Null:
-    def write(self, _: str) -> int:
-        return 0
-
-    def flush(self) -> None:
-        pass
 
 
 def assert_checkpoint(path: PathLike, fail_on: FailOn = "error", *, deep: bool = False,
