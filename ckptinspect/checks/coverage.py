@@ -5,7 +5,8 @@ coordinates are compressed to the chunk boundaries along each axis (a regular TP
 one cell per chunk; Megatron's 1-D irregular DistOpt buckets to one cell per chunk), every chunk adds +1 to its
 box of cells through an N-D difference array, and a cumulative sum per axis gives the cover count of every cell.
 Cost is O(n log n) per tensor in the number of chunks. When the compressed grid would be huge (very irregular N-D
-cuts) the check falls back to the volume sum plus a sweep for overlaps, and reports gaps without coordinates.
+cuts) the check falls back to the volume sum plus a sweep for overlaps (the union measured exactly when chunks
+overlap), and reports gaps and overlaps without coordinates.
 
 Megatron specifics: DistOpt `dp_reshardable` buckets are 1-D and tile `[0, numel)` with padding chunks; 0.8–0.15
 N-D reformulated tensors are checked in their on-disk space (`mcore_data` keeps the original shape); 0-dim
@@ -190,7 +191,11 @@ def _regions(mask: Any, bounds: list[Any]) -> tuple[tuple[tuple[int, ...], tuple
 
 
 def _fallback(t: Tensor, offs: Any, sizes: Any, total: int, oob: int, no_storage: int) -> TensorCoverage:
-    """Volume sum + pairwise overlap sweep along axis 0 (for grids too irregular to compress)."""
+    """Volume sum + pairwise overlap sweep along axis 0 (for grids too irregular to compress).
+
+    Without overlaps the union of the chunks is their volume sum. With overlaps it is measured exactly
+    (`_union_volume`): an overlap must not hide a gap of the same volume.
+    """
     order = offs[:, 0].argsort(kind="stable")
     overlap_pairs = 0
     active: list[int] = []
@@ -204,9 +209,45 @@ def _fallback(t: Tensor, offs: Any, sizes: Any, total: int, oob: int, no_storage
                 overlap_pairs += 1
         active.append(int(i))
     volume = int(sizes.prod(axis=1).sum())
-    gap = max(total - volume, 0) if not overlap_pairs else max(total - volume, 0)
-    return TensorCoverage(t.key, total, len(t.chunks), total - gap, gap, overlap_pairs, oob, no_storage,
+    if overlap_pairs:
+        boxes = [(tuple(int(x) for x in o), tuple(int(x) for x in o + s)) for o, s in zip(offs, sizes)]
+        union = _union_volume(boxes, 0)
+    else:
+        union = volume
+    gap = max(total - union, 0)
+    return TensorCoverage(t.key, total, len(t.chunks), total - gap, gap, volume - union, oob, no_storage,
                           (), (), False)
+
+
+def _union_volume(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], axis: int) -> int:
+    """Volume of the union of half-open boxes `(lo, hi)`: sweep `axis`, recurse on the boxes spanning each slab.
+
+    Cost grows with the boxes that share a slab, not with the tensor: chunks of a checkpoint overlap in few places.
+    """
+    if not boxes:
+        return 0
+    if axis == len(boxes[0][0]) - 1:
+        covered, reach = 0, None
+        for lo, hi in sorted((b[0][axis], b[1][axis]) for b in boxes):
+            if reach is None or lo > reach:
+                covered += hi - lo
+                reach = hi
+            elif hi > reach:
+                covered += hi - reach
+                reach = hi
+        return covered
+    cuts = sorted({b[0][axis] for b in boxes} | {b[1][axis] for b in boxes})
+    by_start = sorted(boxes, key=lambda b: b[0][axis])
+    total, nxt = 0, 0
+    live: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for a, b in zip(cuts, cuts[1:]):
+        while nxt < len(by_start) and by_start[nxt][0][axis] <= a:
+            live.append(by_start[nxt])
+            nxt += 1
+        live = [x for x in live if x[1][axis] > a]
+        if live:
+            total += (b - a) * _union_volume(live, axis + 1)
+    return total
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
