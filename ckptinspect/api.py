@@ -103,12 +103,14 @@ def diff(a: PathLike, b: PathLike, *, values: bool = False, progress: ProgressHo
 
 
 def resume(path: PathLike, *, tp: int, pp: int, dp: int | None = None, ep: int | None = None,
+           cp: int | None = None, etp: int | None = None, vpp: int | None = None,
            make_vocab_size_divisible_by: int | None = None, vocab_size: int | None = None, finetune: bool = False,
            no_load_optim: bool = False, no_load_rng: bool = False) -> ResumeResult:
     """What a resume with this topology and these flags restores, drops or fails on (`ckptinspect resume`)."""
     from ckptinspect.capabilities.resume import ResumeTarget, predict_resume
 
-    target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+    target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
+                          make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                           vocab_size=vocab_size, finetune=finetune, no_load_optim=no_load_optim,
                           no_load_rng=no_load_rng)
     return ResumeResult(predict_resume(read(path), target))

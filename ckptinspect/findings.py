@@ -118,6 +118,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK603", "error", "corrupt", "safety", "pickle or archive exceeds the reader's resource bounds"),
         _c("CK701", "warning", None, "args", "no training args found in the checkpoint"),
         _c("CK702", "warning", None, "args", "args disagree with the on-disk layout"),
+        _c("CK801", "info", None, "estimate", "weights written by DP rank 0 alone; a fully parallel save spreads them"),
     )
 }
 

@@ -501,7 +501,9 @@ def test_import_and_cli_runs_leave_torch_unimported(tmp_path: Path) -> None:
         samples = {str(SAMPLES)!r}
         runs = [["info", samples + "/torch_dist", "-o", "json"], ["info", samples + "/legacy"],
                 ["audit", samples + "/torch_dist", "--deep", "--all", "-o", "json"], ["audit", samples + "/legacy"],
-                ["audit", samples + "/dcp", "--deep"], ["sniff", samples + "/torch_dist_fully"]]
+                ["audit", samples + "/dcp", "--deep"], ["sniff", samples + "/torch_dist_fully"],
+                ["estimate", "--from", samples + "/torch_dist", "-o", "json"],
+                ["audit", samples + "/torch_dist_not_fully", "-o", "json"]]
         for args in runs:
             r = runner.invoke(app, args)
             assert r.exit_code in (0, 1), (args, r.exit_code, r.output[-2000:])

@@ -15,12 +15,14 @@ tensors have one chunk with empty offsets.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ckptinspect.checks import CheckContext
+from ckptinspect.checks.layout_coords import describe, locate
 from ckptinspect.findings import Finding
 from ckptinspect.model import Checkpoint, Format, Tensor
 
@@ -255,10 +257,22 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format is Format.TORCH:
         return
     for t in ckpt.tensors:
-        yield from findings_for(tensor_coverage(t), ckpt.path)
+        cov = tensor_coverage(t)
+        for f in findings_for(cov, ckpt.path):
+            yield _with_layout(f, ckpt, t, cov) if f.code == "CK301" and cov.gaps else f
     for o in ckpt.objects:
         if o.storage is None:
             yield Finding("CK304", f"byte item {o.key} has no storage entry", o.key, ckpt.path)
+
+
+def _with_layout(f: Finding, ckpt: Checkpoint, t: Tensor, cov: TensorCoverage) -> Finding:
+    """A gap's place in the parallel layout (layer, PP rank, virtual stage, expert, EP rank, writer rank)."""
+    coords = [locate(ckpt, t, o, s) for o, s in cov.gaps]
+    text = describe(coords[0]) if coords else ""
+    if not text:
+        return f
+    return dataclasses.replace(f, message=f"{f.message} ({text})",
+                               details={**(f.details or {}), "layout": coords})
 
 
 def findings_for(cov: TensorCoverage, path: str) -> Iterator[Finding]:

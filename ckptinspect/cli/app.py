@@ -244,6 +244,10 @@ def resume(
     pp: Annotated[int, typer.Option("--pp", help="target pipeline-parallel size")],
     dp: Annotated[Optional[int], typer.Option("--dp", help="target data-parallel size")] = None,
     ep: Annotated[Optional[int], typer.Option("--ep", help="target expert-parallel size")] = None,
+    cp: Annotated[Optional[int], typer.Option("--cp", help="target context-parallel size")] = None,
+    etp: Annotated[Optional[int], typer.Option("--etp", help="target expert tensor-parallel size")] = None,
+    vpp: Annotated[Optional[int], typer.Option(
+        "--vpp", help="target virtual pipeline stages per PP rank (1 = no interleaving)")] = None,
     make_vocab_size_divisible_by: Annotated[Optional[int], typer.Option(
         "--make-vocab-size-divisible-by", help="target --make-vocab-size-divisible-by")] = None,
     vocab_size: Annotated[Optional[int], typer.Option(
@@ -261,8 +265,9 @@ def resume(
         from ckptinspect.api import resume as do_resume
 
         only(output, (Output.TEXT, Output.JSON))
-        r = do_resume(path, tp=tp, pp=pp, dp=dp, ep=ep, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-                      vocab_size=vocab_size, finetune=finetune, no_load_optim=no_load_optim, no_load_rng=no_load_rng)
+        r = do_resume(path, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
+                      make_vocab_size_divisible_by=make_vocab_size_divisible_by, vocab_size=vocab_size,
+                      finetune=finetune, no_load_optim=no_load_optim, no_load_rng=no_load_rng)
         if output is Output.JSON:
             emit_raw(r.to_json())
         else:
@@ -276,9 +281,11 @@ def resume(
 
 from ckptinspect.cli.manifest_cmd import register as _register_manifest  # noqa: E402 - after the app exists
 from ckptinspect.cli.scan_cmd import register as _register_scan  # noqa: E402
+from ckptinspect.cli.estimate_cmd import register as _register_estimate  # noqa: E402
 
 _register_manifest(app)
 _register_scan(app)
+_register_estimate(app)
 
 
 def main() -> None:
