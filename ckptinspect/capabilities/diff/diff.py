@@ -17,7 +17,7 @@ The args tables, `categorize`, `diff_args` and `diff_meta` live in `args.py`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
