@@ -9,6 +9,7 @@ from typing import Any
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
 from ckptinspect.formats.legacy import DISTOPT_FILE, MODEL_FILE, expected_shard_dirs
+from ckptinspect.formats.topology import int_arg
 from ckptinspect.model import Checkpoint, Format
 
 # Args that legitimately differ between the processes that wrote the shards.
@@ -22,9 +23,9 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if not shard_files:
         return  # a single .pt file: nothing to cross-check
     args = ckpt.args or {}
-    tp = _int(args, "tensor_model_parallel_size", "model_parallel_size")
-    pp = _int(args, "pipeline_model_parallel_size") or 1
-    ep = _int(args, "expert_model_parallel_size") or 1
+    tp = int_arg(args, "tensor_model_parallel_size", "model_parallel_size")
+    pp = int_arg(args, "pipeline_model_parallel_size") or 1
+    ep = int_arg(args, "expert_model_parallel_size") or 1
     if tp is not None:
         expected = expected_shard_dirs(tp, pp, ep)
         missing = [d for d in expected if d not in shard_files]
@@ -56,9 +57,3 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
                                "b": {k: repr(other.get(k)) for k in differ[:8]}})
 
 
-def _int(args: Mapping[str, Any], *names: str) -> int | None:
-    for n in names:
-        v = args.get(n)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None

@@ -38,6 +38,7 @@ from ckptinspect.capabilities.scan.archives import ContainerScan, Where
 from ckptinspect.pickling.walk import walk_pickle
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.formats.savedir import join_label
 from ckptinspect.model import ObjectItem, StoredItem, Tensor
 from ckptinspect.capabilities.scan.archives import PickleScan
 
@@ -115,7 +116,7 @@ class _Scan(ContainerScan):
             sub_rel = _join_rel(rel, e.name)
             if _ITER_NAME.match(e.name):
                 # An iteration dir of a save dir is a checkpoint of its own: findings name it, as `audit` does.
-                self.tree(Path(e.path), sub_rel, _join(self.label, sub_rel), sub_rel, depth + 1)
+                self.tree(Path(e.path), sub_rel, join_label(self.label, sub_rel), sub_rel, depth + 1)
             else:
                 self.tree(Path(e.path), sub_rel, label, ckpt_rel, depth + 1)
 
@@ -321,8 +322,6 @@ def _gaps(covered: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int]
 
 
 
-def _join(label: str, name: str) -> str:
-    return f"{label.rstrip('/')}/{name}"
 
 
 def _join_rel(rel: str, name: str) -> str:
