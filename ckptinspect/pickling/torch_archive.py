@@ -62,9 +62,8 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
         raise ReadError(f"not a readable zip archive: {short_error(e)}", "CK206") from e
     with zf:
         infos = zf.infolist()
-        pkl = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
-        if not pkl:
-            pkl = [i for i in infos if i.filename == "data.pkl"]
+        # `archive/data.pkl` first (what torch.save writes), a bare `data.pkl` only when there is none
+        pkl = sorted((i for i in infos if is_main_pickle(i.filename)), key=lambda i: i.filename == "data.pkl")
         if not pkl:
             raise ReadError("zip archive without data.pkl (not a torch.save archive)", "CK206")
         info = pkl[0]
@@ -94,17 +93,26 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
 
 
 def _data_offset(view: IO[bytes], info: zipfile.ZipInfo) -> int:
-    """Where a member's bytes start: after its 30-byte local header, file name and extra field."""
+    offset = member_data_offset(view, 0, info.header_offset)
+    return -1 if offset is None else offset
+
+
+def member_data_offset(f: IO[bytes], base: int, header_offset: int) -> int | None:
+    """Absolute offset of a member's bytes in `f` (the archive starts at `base`): after its 30-byte local header,
+    file name and extra field. None when the local header is unreadable. The one zip local-header parser."""
     try:
-        view.seek(info.header_offset)
-        head = view.read(30)
+        f.seek(base + header_offset)
+        head = f.read(30)
     except (OSError, ValueError):
-        return -1
+        return None
     if len(head) < 30 or head[:4] != b"PK\x03\x04":
-        return -1
-    name_len = int.from_bytes(head[26:28], "little")
-    extra_len = int.from_bytes(head[28:30], "little")
-    return info.header_offset + 30 + name_len + extra_len
+        return None
+    return base + header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30], "little")
+
+
+def is_main_pickle(member: str) -> bool:
+    """`data.pkl` at the top of a torch archive (``archive/data.pkl``, or bare): the pickle `torch.load` reads."""
+    return member == "data.pkl" or (member.endswith("/data.pkl") and member.count("/") == 1)
 
 
 def read_torch_file(path: str | os.PathLike[str]) -> TorchArchive:

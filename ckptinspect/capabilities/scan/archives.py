@@ -22,6 +22,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.walk import PickleWalk, is_pickle_start, walk_pickle
 from ckptinspect.safeio import FileSlice
+from ckptinspect.pickling.torch_archive import is_main_pickle, member_data_offset
 from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, MAX_PICKLE_BYTES
 
 MAX_NESTED = 3  # zip archives inside zip archives
@@ -97,7 +98,7 @@ class ContainerScan:
 
     def walked(self, where: Where, member: str | None, walk: PickleWalk, size: int) -> None:
         """Record one walked pickle and its findings."""
-        subject = where.subject if member is None or _is_main_pickle(member) else f"{where.subject}!{member}"
+        subject = where.subject if member is None or is_main_pickle(member) else f"{where.subject}!{member}"
         verdicts = walk.globals
         self.pickles.append(PickleScan(subject, where.file, where.offset, where.length, member,
                                        {q: v.value for q, v in verdicts.items()}, walk.segments,
@@ -211,7 +212,7 @@ class ContainerScan:
             self.bound(inner, f"archives nested deeper than {MAX_NESTED}")
             return
         if info.compress_type == zipfile.ZIP_STORED:
-            start = _member_data_offset(f, where.offset, info)
+            start = member_data_offset(f, where.offset, info.header_offset)
             if start is not None and start + info.file_size <= where.offset + where.length:
                 self.archive(f, Where(inner.label, inner.subject, inner.file, start, info.file_size,
                                       inner.unreadable_code), depth + 1)
@@ -264,19 +265,6 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, bound: int) -> byte
         return _short(e)
 
 
-def _member_data_offset(f: IO[bytes], base: int, info: zipfile.ZipInfo) -> int | None:
-    """Absolute offset of a stored member's bytes: after its 30-byte local header, name and extra field."""
-    try:
-        f.seek(base + info.header_offset)
-        head = f.read(30)
-    except (OSError, ValueError):
-        return None
-    if len(head) < 30 or head[:4] != ZIP_LOCAL:
-        return None
-    return base + info.header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30],
-                                                                                                  "little")
-
-
 def _find_all(f: IO[bytes], needle: bytes, start: int, end: int, block: int = 1 << 20) -> Iterator[int]:
     """Every offset of `needle` in [start, end) of `f`, read block by block (bounded memory)."""
     pos = start
@@ -307,11 +295,6 @@ def _find(f: IO[bytes], needle: bytes, start: int, end: int) -> int | None:
             return None
         pos += len(chunk) - len(needle) + 1
     return None
-
-
-def _is_main_pickle(member: str) -> bool:
-    """`data.pkl` at the top of a torch archive (``archive/data.pkl``): the pickle `torch.load` reads."""
-    return member == "data.pkl" or (member.endswith("/data.pkl") and member.count("/") == 1)
 
 
 def _short(e: BaseException) -> str:

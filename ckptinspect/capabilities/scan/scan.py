@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.formats.savedir import join_label
 from ckptinspect.model import ObjectItem, StoredItem, Tensor
+from ckptinspect.safeio import open_regular
 from ckptinspect.capabilities.scan.archives import PickleScan
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -144,16 +144,8 @@ class _Scan(ContainerScan):
     def open_regular(self, p: Path) -> IO[bytes] | None:
         """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one."""
         try:
-            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            return open_regular(p)
         except OSError:
-            return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                return None
-            return os.fdopen(fd, "rb")
-        except OSError:
-            os.close(fd)
             return None
 
     def raw_file(self, p: Path, rel: str, label: str, subject: str, code: str) -> bytes | None:
