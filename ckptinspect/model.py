@@ -137,18 +137,30 @@ class ObjectItem:
     storage: StoredItem | None
 
 
+class FileRole(enum.Enum):
+    """What a file of a checkpoint dir is (`FileInfo.role`; the JSON says its value)."""
+
+    DATA = "data"  # *.distcp
+    METADATA = "metadata"  # .metadata, .metadata.tmp, metadata.json
+    COMMON = "common"  # common.pt
+    MANIFEST = "manifest"  # integrity.json
+    MODEL = "model"  # model_optim_rng.pt
+    OPTIMIZER = "optimizer"  # distrib_optim.pt
+    OTHER = "other"
+
+
 @dataclass(frozen=True, slots=True)
 class FileInfo:
     """A file of the checkpoint dir.
 
     name: path relative to the checkpoint dir.
     size: bytes on disk, or None when it is named by metadata but missing / not a regular file.
-    role: what it is (``data``, ``metadata``, ``common``, ``manifest``, ``model``, ``optimizer``, ``other``).
+    role: what it is.
     """
 
     name: str
     size: int | None
-    role: str
+    role: FileRole
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,14 +8,21 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ckptinspect.findings import Finding, Status
-from ckptinspect.formats.savedir import TRACKER, IterationDir, SaveDir, tracked_missing, tracker_unparseable
+from ckptinspect.formats.savedir import (
+    TRACKER,
+    IterationDir,
+    SaveDir,
+    SaveDirStyle,
+    tracked_missing,
+    tracker_unparseable,
+)
 
 
 def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[Finding]:
     """Findings for `save`, given the status of each iteration dir (by dir name)."""
     tracker = save.tracker
     if not tracker.exists:
-        if save.style == "megatron":
+        if save.style is SaveDirStyle.MEGATRON:
             yield Finding("CK501", f"no {TRACKER}: a resume picks nothing unless told (--ckpt-step)", TRACKER, label)
         return
     tracked = None

@@ -7,6 +7,7 @@ Megatron (`training/checkpointing.py:375-430`): the tracker holds `str(iteration
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,13 @@ class IterationDir:
     path: Path
 
 
+class SaveDirStyle(enum.Enum):
+    """How a save root names its checkpoints."""
+
+    MEGATRON = "megatron"  # iter_NNNNNNN/ and release/, with latest_checkpointed_iteration.txt
+    DCP = "dcp"  # step-N/ only (torchtitan-style DCP runs)
+
+
 @dataclass(frozen=True, slots=True)
 class SaveDir:
     """A save root: its tracker and iteration dirs (sorted by iteration; release first)."""
@@ -49,7 +57,7 @@ class SaveDir:
     path: Path
     tracker: Tracker
     iterations: tuple[IterationDir, ...]
-    style: str  # "megatron" (iter_*/release + tracker) or "dcp" (step-N)
+    style: SaveDirStyle
 
     def find(self, iteration: int | str | None) -> IterationDir | None:
         return next((i for i in self.iterations if i.iteration == iteration), None)
@@ -88,9 +96,9 @@ def read_tracker(path: Path) -> Tracker:
     return Tracker(True, raw, value, None)
 
 
-def iteration_dirs(path: Path) -> tuple[tuple[IterationDir, ...], str]:
+def iteration_dirs(path: Path) -> tuple[tuple[IterationDir, ...], SaveDirStyle]:
     out: list[IterationDir] = []
-    style = "megatron"
+    style = SaveDirStyle.MEGATRON
     try:
         entries = sorted(path.iterdir())
     except OSError:
@@ -111,7 +119,7 @@ def iteration_dirs(path: Path) -> tuple[tuple[IterationDir, ...], str]:
             out.append(IterationDir(p.name, int(m.group(1)), p))
             steps += 1
     if steps and steps == len(out):
-        style = "dcp"
+        style = SaveDirStyle.DCP
     out.sort(key=lambda i: (-1, "") if i.iteration == "release" else (int(i.iteration), i.name))
     return tuple(out), style
 

@@ -15,7 +15,7 @@ from ckptinspect.formats._files import regular_size
 from ckptinspect.safeio import read_small
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.formats.legacy import is_legacy_dir
-from ckptinspect.formats.savedir import TRACKER, looks_like_save_dir
+from ckptinspect.formats.savedir import TRACKER, SaveDirStyle, looks_like_save_dir
 from ckptinspect.model import Format, Kind
 
 MAX_JSON_BYTES = 1 << 20  # metadata.json is ~120 bytes; a huge one is garbage, not worth reading
@@ -184,7 +184,7 @@ def sniff(path: Path, label: str | None = None) -> SniffReport:
     pick = save.resume_pick()
     if pick is None:
         return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, "CK503" if t.exists else "CK100", None)
-    s = sniff_checkpoint(pick.path, save.style == "megatron")
+    s = sniff_checkpoint(pick.path, save.style is SaveDirStyle.MEGATRON)
     ev.append(f"resume would load {pick.name}")
     ev.extend(f"{pick.name}: {e}" for e in s.evidence)
     return SniffReport(label, Kind.SAVE_DIR, s.format, tuple(ev), s.generation, s.state,
