@@ -126,10 +126,9 @@ def test_legacy_shard_dirs_and_distributed_optimizer(tmp_path: Path) -> None:
 
 def test_legacy_args_disagreeing_between_shards() -> None:
     ckpt = read(SAMPLES / "legacy" / "iter_0000001")
-    shard_args = ckpt.extra.get("shard_args")
-    if not shard_args:
-        pytest.fail("the legacy reader no longer exposes per-shard args; update this test with the new field")
+    shard_args = ckpt.shard_args
+    assert shard_args, "the legacy reader exposes the args of every shard"
     assert codes(legacy.run(ckpt, CTX)) == set()
     first = sorted(shard_args)[0]
     changed = {**shard_args, first: {**shard_args[first], "hidden_size": 12345}}
-    assert "CK112" in codes(legacy.run(dataclasses.replace(ckpt, extra={**ckpt.extra, "shard_args": changed}), CTX))
+    assert "CK112" in codes(legacy.run(dataclasses.replace(ckpt, shard_args=changed), CTX))

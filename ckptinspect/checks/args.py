@@ -6,7 +6,7 @@ Witnesses: the `rng_state` grid is (PP, TP); `all_local_plans` has one plan per 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
@@ -25,7 +25,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         yield Finding("CK701", "no training args found in the checkpoint (common state has no 'args')", "args",
                       ckpt.path)
         return
-    layout: Mapping[str, int] = ckpt.extra.get("layout") or {}
+    layout = ckpt.layout
     args = ckpt.args
     pairs = [
         ("tensor_model_parallel_size", "rng_tp", "rng_state grid"),

@@ -3,8 +3,7 @@ the args say distributed optimizer (CK111), args that agree across shard files (
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
@@ -19,7 +18,7 @@ _PER_RANK_ARGS = frozenset({"rank", "local_rank", "distributed_timeout_minutes"}
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format is not Format.TORCH:
         return
-    shard_files: Mapping[str, list[str]] = ckpt.extra.get("shard_files") or {}
+    shard_files = ckpt.shard_files
     if not shard_files:
         return  # a single .pt file: nothing to cross-check
     args = ckpt.args or {}
@@ -42,7 +41,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
             yield Finding("CK111", f"args say use_distributed_optimizer but {len(lacking)} shard dir(s) have no"
                           f" {DISTOPT_FILE}: {', '.join(lacking[:8])}", f"{lacking[0]}/{DISTOPT_FILE}", ckpt.path,
                           {"shards": lacking})
-    shard_args: Mapping[str, Mapping[str, Any]] = ckpt.extra.get("shard_args") or {}
+    shard_args = ckpt.shard_args
     if len(shard_args) > 1:
         names = sorted(shard_args)
         ref_name, ref = names[0], shard_args[names[0]]

@@ -23,7 +23,7 @@ from ckptinspect.pickling.torch_archive import read_torch_file
 from ckptinspect.formats.dcp import read_dcp_dir
 from ckptinspect.formats.dcp_metadata import DcpMetadata
 from ckptinspect.formats.topology import topology_from
-from ckptinspect.model import Checkpoint, Format
+from ckptinspect.model import Checkpoint, Format, frozen
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -77,12 +77,10 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     if not isinstance(iteration, int):
         iteration = args.get("iteration") if args and isinstance(args.get("iteration"), int) else None
     topology, layout = topology_from(args, md)
-    extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source, "layout": layout}
+    extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source}
     if md is not None:
         extra["metadata_root"] = md.root_class
         extra["planner_keys"] = md.planner_keys
-        if md.mcore_data:
-            extra["mcore_data"] = {k: list(v) for k, v in md.mcore_data.items()}
         if md.unknown_attrs:
             extra["unknown_metadata_attrs"] = list(md.unknown_attrs)
     return Checkpoint(
@@ -100,6 +98,8 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
         rank_items=md.rank_items if md else (),
         findings=tuple(findings),
         extra=extra,
+        layout=frozen(layout),
+        reformulated=tuple(md.mcore_data) if md is not None else (),
     )
 
 
