@@ -58,6 +58,22 @@ def run_audit(case: Case, path: Path, cwd: Path) -> Run:
     return Run(r.exit_code, r.stdout, r.stderr)
 
 
+def audit_kwargs(flags: tuple[str, ...]) -> dict[str, Any]:
+    """The `ckptinspect.audit` arguments of a case's CLI flags (a new flag must be mapped here)."""
+    kw: dict[str, Any] = {"select": [], "ignore": []}
+    it = iter(flags)
+    for flag in it:
+        if flag in ("--deep", "--all"):
+            kw["deep" if flag == "--deep" else "all_iterations"] = True
+        elif flag in ("--select", "--ignore"):
+            kw[flag[2:]].append(next(it))
+        elif flag == "--manifest":
+            kw["manifest"] = next(it)
+        else:
+            raise AssertionError(f"map {flag} to its ckptinspect.audit argument in audit_kwargs")
+    return kw
+
+
 def tree_state(root: Path) -> dict[str, str]:
     """Every dir and file under `root` (or `root` itself, a file) with the SHA-256 of each file."""
     if root.is_file():
@@ -116,8 +132,7 @@ def test_audit(case: Case, tmp_path: Path) -> None:
     assert tree_state(ctx.work) == before, "the audit modified the checkpoint"
     assert not ctx.marker.exists(), "a pickle from the checkpoint was executed"
     # The Python API says exactly what the CLI said (and, in this process, executes nothing either).
-    assert set(case.flags) <= {"--deep"}, "map the new flag to its `ckptinspect.audit` argument here"
-    r = ckptinspect.audit(path, deep="--deep" in case.flags)
+    r = ckptinspect.audit(path, **audit_kwargs(case.flags))
     assert r.to_dict() == doc
     assert r.exit_code() == run.exit_code
     assert not ctx.marker.exists(), "a pickle from the checkpoint was executed by ckptinspect.audit"

@@ -17,7 +17,7 @@ from pathlib import Path
 from ckptinspect.findings import Finding
 from ckptinspect.formats.dcp import read_dcp
 from ckptinspect.formats.legacy import read_legacy
-from ckptinspect.formats.sniff import CheckpointSniff, sniff_checkpoint
+from ckptinspect.formats.sniff import CheckpointSniff, SniffState, sniff_checkpoint
 from ckptinspect.formats.torch_dist import read_torch_dist
 from ckptinspect.model import Checkpoint, Format
 
@@ -59,10 +59,11 @@ def read_checkpoint(path: Path, label: str, megatron_context: bool = False) -> C
 
 def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     state_findings: tuple[Finding, ...] = ()
-    if sniff.state != "complete":
-        subject = {"CK101": "metadata.json", "CK103": ".metadata.tmp"}.get(sniff.state, ".metadata")
+    if sniff.state is not SniffState.COMPLETE:
+        code = sniff.state.value
+        subject = {"CK101": "metadata.json", "CK103": ".metadata.tmp"}.get(code, ".metadata")
         state_findings = (
-            Finding(sniff.state, _HALF_WRITTEN_MESSAGES[sniff.state], None if sniff.state == "CK100" else subject,
+            Finding(code, _HALF_WRITTEN_MESSAGES[code], None if code == "CK100" else subject,
                     label, {"evidence": list(sniff.evidence)}),
         )
     if sniff.format is None:
@@ -70,6 +71,6 @@ def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     ckpt = reader_for(sniff.format)(path, label)
     extra = dict(ckpt.extra)
     extra["evidence"] = list(sniff.evidence)
-    extra["sniff_state"] = sniff.state
+    extra["sniff_state"] = sniff.state.value
     return replace(ckpt, generation=ckpt.generation or sniff.generation, findings=state_findings + ckpt.findings,
                    extra=extra)

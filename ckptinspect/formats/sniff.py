@@ -7,6 +7,7 @@ Follows Megatron's `_get_checkpoint_format` (reference §1) with the fixes it re
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,18 +23,31 @@ MAX_JSON_BYTES = 1 << 20  # metadata.json is ~120 bytes; a huge one is garbage, 
 FSDP_PREFIXES = ("model.module.", "optimizer.state.module.", "optimizer.param_to_group_meta.")
 
 
+class SniffState(enum.Enum):
+    """Whether a checkpoint looks finished: `complete`, or the code of the half-written / unknown state it is in
+    (the JSON `state` is the value)."""
+
+    COMPLETE = "complete"
+    CK100 = "CK100"  # no known format
+    CK101 = "CK101"  # .metadata without metadata.json
+    CK102 = "CK102"  # data files without .metadata
+    CK103 = "CK103"  # .metadata.tmp
+    CK106 = "CK106"  # metadata.json without .metadata
+    CK503 = "CK503"  # save dir: the tracker names a missing iteration
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointSniff:
     """What one checkpoint dir is.
 
     format: None when unrecognized (CK100).
-    state: "complete" markers present, or the half-written code that applies ("CK101", "CK102", "CK103").
+    state: complete, or the half-written code that applies.
     """
 
     format: Format | None
     evidence: tuple[str, ...]
     generation: str | None
-    state: str
+    state: SniffState
 
 
 def _has_data_files(path: Path) -> bool:
@@ -52,10 +66,10 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
     if path.is_file():
         if path.suffix == ".pt":
             return CheckpointSniff(Format.TORCH, (f"{path.name}: a torch.save file (legacy per-rank format)",),
-                                   "megatron legacy torch", "complete")
+                                   "megatron legacy torch", SniffState.COMPLETE)
         if path.name == ".metadata":
             return sniff_checkpoint(path.parent, megatron_context)
-        return CheckpointSniff(None, (f"{path.name} is a file of no known checkpoint format",), None, "CK100")
+        return CheckpointSniff(None, (f"{path.name} is a file of no known checkpoint format",), None, SniffState.CK100)
     ev: list[str] = []
     mj = path / "metadata.json"
     if mj.exists():
@@ -75,22 +89,22 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             ev.append("metadata.json present but unreadable")
         if (path / "common.pt").exists():
             ev.append("common.pt present")
-        state = "complete"
+        state = SniffState.COMPLETE
         if not (path / ".metadata").exists():
             # metadata.json is written after .metadata: a missing .metadata here was lost, not never written.
-            state = "CK103" if (path / ".metadata.tmp").exists() else "CK106"
+            state = SniffState.CK103 if (path / ".metadata.tmp").exists() else SniffState.CK106
         return CheckpointSniff(Format.TORCH_DIST, tuple(ev), gen, state)
     if is_legacy_dir(path):
         ev.append("mp_rank_* shard dirs present")
-        return CheckpointSniff(Format.TORCH, tuple(ev), "megatron legacy torch", "complete")
+        return CheckpointSniff(Format.TORCH, tuple(ev), "megatron legacy torch", SniffState.COMPLETE)
     if (path / ".metadata").exists():
         ev.append(".metadata present, no metadata.json")
         fmt, markers = _dcp_or_unfinished(path)
         ev.extend(markers)
         if fmt is Format.TORCH_DIST:
             ev.append("Megatron markers without metadata.json: a torch_dist save that was not finalized")
-            return CheckpointSniff(Format.TORCH_DIST, tuple(ev), None, "CK101")
-        return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", "complete")
+            return CheckpointSniff(Format.TORCH_DIST, tuple(ev), None, SniffState.CK101)
+        return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
     tmp = (path / ".metadata.tmp").exists()
     data = _has_data_files(path)
     if tmp or data:
@@ -102,8 +116,8 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             ev.append("*.distcp data files present without .metadata")
         if (path / "common.pt").exists():
             ev.append("common.pt present")
-        return CheckpointSniff(fmt, tuple(ev), None, "CK103" if tmp else "CK102")
-    return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, "CK100")
+        return CheckpointSniff(fmt, tuple(ev), None, SniffState.CK103 if tmp else SniffState.CK102)
+    return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, SniffState.CK100)
 
 
 def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
@@ -153,13 +167,13 @@ class SniffReport:
     format: Format | None
     evidence: tuple[str, ...]
     generation: str | None
-    state: str
+    state: SniffState
     checkpoint: str | None
 
     def to_dict(self) -> dict[str, object]:
         return {
             "path": self.path, "kind": self.kind.value, "format": self.format.value if self.format else None,
-            "evidence": list(self.evidence), "generation": self.generation, "state": self.state,
+            "evidence": list(self.evidence), "generation": self.generation, "state": self.state.value,
             "checkpoint": self.checkpoint,
         }
 
@@ -183,7 +197,7 @@ def sniff(path: Path, label: str | None = None) -> SniffReport:
               + (" ..." if len(save.iterations) > 6 else ""))
     pick = save.resume_pick()
     if pick is None:
-        return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, "CK503" if t.exists else "CK100", None)
+        return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, SniffState.CK503 if t.exists else SniffState.CK100, None)
     s = sniff_checkpoint(pick.path, save.style is SaveDirStyle.MEGATRON)
     ev.append(f"resume would load {pick.name}")
     ev.extend(f"{pick.name}: {e}" for e in s.evidence)
