@@ -72,9 +72,9 @@ def read(path: PathLike) -> Checkpoint:
     return read_checkpoint(ckpt_path, ckpt_label)
 
 
-def audit(path: PathLike, *, deep: bool = False, all_iterations: bool = False, manifest: PathLike | None = None,
-          select: Sequence[str] = (), ignore: Sequence[str] = (), progress: ProgressHook | None = None
-          ) -> AuditResult:
+def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_iterations: bool = False,
+          manifest: PathLike | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
+          progress: ProgressHook | None = None) -> AuditResult:
     """Run every check on a checkpoint or a save dir (`ckptinspect audit`)."""
     from ckptinspect.capabilities.audit.audit import AuditOptions
     from ckptinspect.capabilities.audit.audit import audit as do_audit
@@ -88,8 +88,8 @@ def audit(path: PathLike, *, deep: bool = False, all_iterations: bool = False, m
             from ckptinspect.errors import UsageError
 
             raise UsageError(f"--manifest {m_label}: no such file")
-    opts = AuditOptions(deep=deep, all_iterations=all_iterations, manifest=m, select=tuple(select),
-                        ignore=tuple(ignore), context=CheckContext(progress=progress))
+    opts = AuditOptions(deep=deep, hash=hash_files, all_iterations=all_iterations, manifest=m,
+                        select=tuple(select), ignore=tuple(ignore), context=CheckContext(progress=progress))
     return AuditResult(do_audit(p, opts, label))
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from conftest import SAMPLES
 from corpus import SOURCES, Case, Ctx, _mutated, copy_source, edit_metadata
 
-LAYOUT_SAMPLES = ("moe_ep2", "moe_tp2_ep2", "vpp", "cp2", "swiglu_bf16", "legacy_ep2", "legacy_pp2_ep2",
-                  "legacy_vpp")
+LAYOUT_SAMPLES = ("moe_ep2", "moe_tp2_ep2", "vpp", "vpp_fully", "cp2", "swiglu_bf16", "legacy_ep2",
+                  "legacy_pp2_ep2", "legacy_vpp")
 for _name in LAYOUT_SAMPLES:
     SOURCES[_name] = (SAMPLES / _name, ("latest_checkpointed_iteration.txt",))
 

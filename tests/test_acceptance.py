@@ -63,8 +63,8 @@ def audit_kwargs(flags: tuple[str, ...]) -> dict[str, Any]:
     kw: dict[str, Any] = {"select": [], "ignore": []}
     it = iter(flags)
     for flag in it:
-        if flag in ("--deep", "--all"):
-            kw["deep" if flag == "--deep" else "all_iterations"] = True
+        if flag in ("--deep", "--all", "--hash"):
+            kw[{"--deep": "deep", "--all": "all_iterations", "--hash": "hash_files"}[flag]] = True
         elif flag in ("--select", "--ignore"):
             kw[flag[2:]].append(next(it))
         elif flag == "--manifest":

@@ -58,6 +58,8 @@ PAIRS: tuple[Pair, ...] = (
     Pair("vpp VPP2→1, model only", "vpp", 2, {"vpp": None}, optim=False),
     Pair("vpp VPP2→1, dp_reshardable optimizer", "vpp", 2, {"vpp": None}, rule="optimizer.vpp-fixed",
          error=MISMATCH),
+    Pair("vpp_fully as saved", "vpp_fully", 2),
+    Pair("vpp_fully VPP2→1, fully_reshardable optimizer", "vpp_fully", 2, {"vpp": None}),
     Pair("cp2 CP2×DP2→CP1×DP2", "cp2", 2, {"cp": 1}),
     Pair("cp2 CP2×DP2→CP2×DP1", "cp2", 2),
     Pair("swiglu_bf16 TP2→1, model only", "swiglu_bf16", 2, {"tp": 1}, optim=False),
@@ -138,6 +140,7 @@ def test_prediction_matches_megatron_load(pair: Pair, truth: dict[str, dict[str,
 
 def test_same_topology_loads_cover_every_layout_sample() -> None:
     """Every layout sample has a load at its saved topology among the pairs."""
-    layouts = {"moe_ep2", "moe_tp2_ep2", "vpp", "cp2", "swiglu_bf16", "legacy_ep2", "legacy_pp2_ep2", "legacy_vpp"}
+    layouts = {"moe_ep2", "moe_tp2_ep2", "vpp", "vpp_fully", "cp2", "swiglu_bf16", "legacy_ep2", "legacy_pp2_ep2",
+               "legacy_vpp"}
     assert layouts <= {p.sample for p in PAIRS if not p.change and p.optim and p.rng}
     assert layouts <= set(_generator().SAMPLES)

@@ -26,6 +26,8 @@ EXPECTED: dict[str, tuple[dict[str, int | None], str, dict[str, list[str]]]] = {
                     "fully_reshardable", {"model": ["float32"], "optimizer": ["float32"]}),
     "vpp": ({"tp": 1, "pp": 2, "dp": 1, "cp": 1, "ep": 1, "etp": None, "vpp": 2, "world_size": 2},
             "dp_reshardable", {"model": ["float32"], "optimizer": ["float32"]}),
+    "vpp_fully": ({"tp": 1, "pp": 2, "dp": 1, "cp": 1, "ep": 1, "etp": None, "vpp": 2, "world_size": 2},
+                  "fully_reshardable", {"model": ["float32"], "optimizer": ["float32"]}),
     "cp2": ({"tp": 1, "pp": 1, "dp": 2, "cp": 2, "ep": 1, "etp": None, "vpp": 1, "world_size": 4},
             "dp_reshardable", {"model": ["float32"], "optimizer": ["float32"]}),
     "swiglu_bf16": ({"tp": 2, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": None, "vpp": 1, "world_size": 4},
@@ -111,6 +113,8 @@ RESUME: dict[tuple[str, tuple[str, ...]], dict[str, tuple[str, str]]] = {
         "model": ("resharded", "model.reshard"), "optimizer": ("fails", "optimizer.vpp-fixed"),
         "rng": ("loaded", "rng.load")},
     ("vpp", ("--tp", "1", "--pp", "2", "--vpp", "3")): {"model": ("fails", "model.topology")},
+    ("vpp_fully", ("--tp", "1", "--pp", "2", "--vpp", "1")): {
+        "model": ("resharded", "model.reshard"), "optimizer": ("resharded", "optimizer.reshard")},
     ("legacy_vpp", ("--tp", "1", "--pp", "2", "--vpp", "1")): {
         "model": ("fails", "model.legacy-split"), "optimizer": ("fails", "optimizer.legacy-split")},
     ("cp2", ("--tp", "1", "--pp", "1", "--cp", "1", "--dp", "2")): {

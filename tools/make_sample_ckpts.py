@@ -319,6 +319,8 @@ SAMPLES = {
                         optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
     "vpp": dict(format="torch_dist", tp=1, pp=2, vpp=2, dp=1, layers=4, num_microbatches=2,
                 optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
+    "vpp_fully": dict(format="torch_dist", tp=1, pp=2, vpp=2, dp=1, layers=4, num_microbatches=2,
+                      optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
     "cp2": dict(format="torch_dist", tp=1, pp=1, cp=2, dp=2, layers=2,
                 optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
     "swiglu_bf16": dict(format="torch_dist", tp=2, pp=1, dp=2, layers=2, swiglu=True, bf16=True,

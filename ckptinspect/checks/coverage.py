@@ -5,8 +5,7 @@ coordinates are compressed to the chunk boundaries along each axis (a regular TP
 one cell per chunk; Megatron's 1-D irregular DistOpt buckets to one cell per chunk), every chunk adds +1 to its
 box of cells through an N-D difference array, and a cumulative sum per axis gives the cover count of every cell.
 Cost is O(n log n) per tensor in the number of chunks. When the compressed grid would be huge (very irregular N-D
-cuts) the check falls back to the volume sum plus a sweep for overlaps (the union measured exactly when chunks
-overlap), and reports gaps and overlaps without coordinates.
+cuts) the check falls back to the volume sum plus a sweep for overlaps, and reports gaps without coordinates.
 
 Megatron specifics: DistOpt `dp_reshardable` buckets are 1-D and tile `[0, numel)` with padding chunks; 0.8–0.15
 N-D reformulated tensors are checked in their on-disk space (`mcore_data` keeps the original shape); 0-dim
@@ -63,6 +62,10 @@ class TensorCoverage:
             "gaps": [{"offsets": list(o), "sizes": list(s)} for o, s in self.gaps],
             "overlaps": [{"offsets": list(o), "sizes": list(s)} for o, s in self.overlaps],
         }
+
+
+MAX_PAIR_CHECKS = 5_000_000  # chunk pairs the irregular-grid fallback compares
+MAX_UNION_CHUNKS = 200_000  # chunks the fallback measures the exact union of when some overlap
 
 
 def _in_bounds(offsets: tuple[int, ...], sizes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -173,8 +176,11 @@ def _cover_nd(
     for d in range(ndim):
         w = np.diff(bounds[d]).reshape([-1 if i == d else 1 for i in range(ndim)])
         widths = widths * w
-    gap = int(widths[count == 0].sum())
-    overlap = int((widths * np.maximum(count - 1, 0)).sum())
+    # Exact integers: a cell's width is at most the tensor's numel (bounded by the readers), but summing many of
+    # them, or multiplying by a cover count, can pass 2**63 and wrap a gap to zero.
+    gap = sum(int(w) for w in widths[count == 0].tolist())
+    many = count > 1
+    overlap = sum(int(w) * (int(c) - 1) for w, c in zip(widths[many].tolist(), count[many].tolist()))
     return TensorCoverage(
         t.key, total, len(t.chunks), total - gap, gap, overlap, oob, no_storage,
         _regions(count == 0, bounds), _regions(count > 1, bounds), True,
@@ -193,32 +199,42 @@ def _regions(mask: Any, bounds: list[Any]) -> tuple[tuple[tuple[int, ...], tuple
 
 
 def _fallback(t: Tensor, offs: Any, sizes: Any, total: int, oob: int, no_storage: int) -> TensorCoverage:
-    """Volume sum + pairwise overlap sweep along axis 0 (for grids too irregular to compress).
+    """Exact volume sum + an overlap sweep along axis 0 (for grids too irregular to compress).
 
-    Without overlaps the union of the chunks is their volume sum. With overlaps it is measured exactly
-    (`_union_volume`): an overlap must not hide a gap of the same volume.
-    """
-    order = offs[:, 0].argsort(kind="stable")
+    The sweep keeps the chunks still open at each start sorted by their end (a heap), so chunks that end before it
+    are dropped in O(log n); it compares at most `MAX_PAIR_CHECKS` pairs in all (a grid built to make every pair
+    overlap on axis 0 would otherwise be quadratic): past that the overlap count is a lower bound and the result
+    is marked inexact. With overlaps the union is measured exactly (`_union_volume`, up to `MAX_UNION_CHUNKS`
+    chunks): an overlap must not hide a gap of the same volume. `overlap` is then elements covered more than once,
+    as in the exact method; past either bound it stays the count of overlapping pairs, and the result is inexact."""
+    import heapq
+
+    order = offs[:, 0].argsort(kind="stable").tolist()
+    o, z = offs.tolist(), sizes.tolist()
+    ndim = len(o[0]) if o else 0
     overlap_pairs = 0
-    active: list[int] = []
-    ndim = offs.shape[1]
+    checks = 0
+    exact = False
+    active: list[tuple[int, int]] = []  # (end on axis 0, chunk)
     for i in order:
-        start = offs[i, 0]
-        active = [j for j in active if offs[j, 0] + sizes[j, 0] > start]
-        for j in active:
-            if all(offs[i, d] < offs[j, d] + sizes[j, d] and offs[j, d] < offs[i, d] + sizes[i, d]
-                   for d in range(ndim)):
+        start = o[i][0]
+        while active and active[0][0] <= start:
+            heapq.heappop(active)
+        for _, j in active:
+            checks += 1
+            if all(o[i][d] < o[j][d] + z[j][d] and o[j][d] < o[i][d] + z[i][d] for d in range(1, ndim)):
                 overlap_pairs += 1
-        active.append(int(i))
-    volume = int(sizes.prod(axis=1).sum())
-    if overlap_pairs:
-        boxes = [(tuple(int(x) for x in o), tuple(int(x) for x in o + s)) for o, s in zip(offs, sizes)]
-        union = _union_volume(boxes, 0)
-    else:
-        union = volume
+        if checks > MAX_PAIR_CHECKS:
+            break
+        heapq.heappush(active, (start + z[i][0], i))
+    volume = sum(math.prod(row) for row in z)  # exact: Python ints never wrap
+    overlap, union = overlap_pairs, volume
+    if overlap_pairs and checks <= MAX_PAIR_CHECKS and len(o) <= MAX_UNION_CHUNKS:
+        union = _union_volume([(tuple(a), tuple(x + y for x, y in zip(a, b))) for a, b in zip(o, z)], 0)
+        overlap = volume - union
     gap = max(total - union, 0)
-    return TensorCoverage(t.key, total, len(t.chunks), total - gap, gap, volume - union, oob, no_storage,
-                          (), (), False)
+    return TensorCoverage(t.key, total, len(t.chunks), total - gap, gap, overlap, oob, no_storage,
+                          (), (), exact)
 
 
 def _union_volume(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], axis: int) -> int:

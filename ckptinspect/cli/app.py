@@ -135,7 +135,11 @@ def info(
 @app.command()
 def audit(
     path: PathArg,
-    deep: Annotated[bool, typer.Option("--deep", help="read every stored item (archive, payload size)")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="read every stored item (archive, payload size); implies "
+                                       "--hash")] = False,
+    hash_files: Annotated[bool, typer.Option("--hash", help="hash every file the integrity manifest lists (without "
+                                             "it the manifest is checked at metadata level: files present, unlisted, "
+                                             "stale)")] = False,
     all_iterations: Annotated[bool, typer.Option("--all", help="fully audit every iteration of a save dir")] = False,
     manifest: Annotated[Optional[Path], typer.Option("--manifest", help="verify this manifest file")] = None,
     output: OutputOpt = Output.TEXT,
@@ -144,14 +148,18 @@ def audit(
     ignore: IgnoreOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Run every check; print the verdict; exit 1 on findings at or above --fail-on."""
+    """Run every check; print the verdict; exit 1 on findings at or above --fail-on.
+
+    Metadata-level by default: no file is hashed and no tensor bytes are read (--hash hashes what the manifest
+    lists, --deep also reads every stored item).
+    """
 
     def body() -> int:
         from ckptinspect.api import audit as do_audit
 
-        with progress_bar(output is Output.TEXT and deep, "deep read") as hook:
-            r = do_audit(path, deep=deep, all_iterations=all_iterations, manifest=manifest, select=select or (),
-                         ignore=ignore or (), progress=hook)
+        with progress_bar(output is Output.TEXT and (deep or hash_files), "deep read") as hook:
+            r = do_audit(path, deep=deep, hash_files=hash_files, all_iterations=all_iterations, manifest=manifest,
+                         select=select or (), ignore=ignore or (), progress=hook)
         if output is Output.JSON:
             emit_raw(r.to_json())
         elif output is Output.MARKDOWN:

@@ -19,6 +19,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
 from ckptinspect.pickling.plain import to_plain, walk_tensors
 from ckptinspect.pickling.builders import TensorRef
+from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_file
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size, frozen
@@ -109,8 +110,12 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
             archive = read_torch_file(base / rel)
         except ReadError as e:
             findings.append(Finding(e.code, f"{rel}: {e}", rel, label))
+            if isinstance(e.report, PickleReport):  # what it referenced / called before failing still counts
+                findings.extend(pickle_findings(e.report, rel, label))
             continue
         findings.extend(pickle_findings(archive.report, rel, label))
+        if archive.report.unsafe:
+            continue  # the stand-ins of a hostile pickle are no state dict
         try:
             state = to_plain(archive.obj)
             prefix = "" if fname == MODEL_FILE else fname.removesuffix(".pt") + "."

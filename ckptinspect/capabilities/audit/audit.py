@@ -30,6 +30,7 @@ class AuditOptions:
     """What to run. select / ignore: code prefixes (`--select`, `--ignore`)."""
 
     deep: bool = False
+    hash: bool = False  # hash every file the manifest lists (`--hash`; `--deep` implies it)
     all_iterations: bool = False
     manifest: Path | None = None
     select: tuple[str, ...] = ()
@@ -91,7 +92,8 @@ def audit_checkpoint(
     name: str | None = None,
 ) -> CheckpointAudit:
     ckpt = read_checkpoint(path, label, megatron_context)
-    ctx = replace(opts.context, deep=opts.deep and full, manifest=opts.manifest if full else None)
+    ctx = replace(opts.context, deep=opts.deep and full, hash=(opts.hash or opts.deep) and full,
+                  manifest=opts.manifest if full else None)
     findings: list[Finding] = list(ckpt.findings)
     for check_name, check in CHECKS:
         if ckpt.format is None or (not full and check_name in CHEAP_SKIP):

@@ -194,6 +194,8 @@ def _o_expert_split(f: _Facts) -> str | None:
 def _o_ep_fixed(f: _Facts) -> str | None:
     if f.legacy or not (f.ep_changed or f.etp_changed) or f.sharding not in DISTOPT_TYPES - FULLY_RESHARDABLE:
         return None
+    if not f.etp_changed and (f.src.ep > 1) != (f.dst.ep > 1):
+        return None  # optimizer.expert-split says why
     what = " and ".join(x for x, c in ((f"EP {f.src.ep} → {f.dst.ep}", f.ep_changed),
                                        (f"ETP {f.src.etp} → {f.dst.etp}", f.etp_changed)) if c)
     return (f"{what} with {f.sharding}: the expert buffers' bucket tensors have the per-rank "
