@@ -23,6 +23,18 @@ class Format(enum.Enum):
     TORCH = "torch"  # legacy per-rank mp_rank_* files
     TORCH_DCP = "torch_dcp"
     FSDP_DTENSOR = "fsdp_dtensor"
+    NVRX_LOCAL = "nvrx_local"  # Megatron `--non-persistent-ckpt-type local`: NVRx per-rank `*_local.pt` files
+
+
+class Stack(enum.Enum):
+    """The training stack that wrote a checkpoint around (or instead of) a Megatron / DCP payload."""
+
+    MEGATRON_BRIDGE = "megatron-bridge"
+    NEMO2 = "nemo2"
+    TORCHTITAN = "torchtitan"
+    MEGATRON_FSDP = "megatron-fsdp"
+    NVRX_LOCAL = "nvrx-local"
+    MEGATRON_NON_PERSISTENT = "megatron-non-persistent"
 
 
 class Kind(enum.Enum):
@@ -147,6 +159,8 @@ class FileRole(enum.Enum):
     MANIFEST = "manifest"  # integrity.json
     MODEL = "model"  # model_optim_rng.pt
     OPTIMIZER = "optimizer"  # distrib_optim.pt
+    LOCAL = "local"  # NVRx local checkpoint file (iter_N_R_local.pt)
+    LOCAL_DIRTY = "local-dirty"  # NVRx local file still being written (.dirty)
     OTHER = "other"
 
 

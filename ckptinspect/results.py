@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ckptinspect.capabilities.manifest.report import ManifestReport
     from ckptinspect.capabilities.resume.model import ResumePrediction, Verdict
     from ckptinspect.capabilities.scan.scan import ScanReport
-    from ckptinspect.formats.sniff import SniffReport, SniffState
+    from ckptinspect.formats.sniff import SniffReport
     from ckptinspect.model import Format, Kind
 
 FailOn = Union[Literal["error", "warning", "never"], Severity, None]
@@ -84,7 +84,7 @@ class SniffResult(_Document):
         return self.report.format
 
     @property
-    def state(self) -> SniffState:
+    def state(self) -> str:
         return self.report.state
 
     @property

@@ -30,8 +30,9 @@ from corpus import CASES as BASE_CASES
 from corpus import Case, Ctx, missing_source
 from corpus_layouts import LAYOUT_CASES
 from schemas import validate_document
+from corpus_stacks import STACK_CASES
 
-CASES = BASE_CASES + LAYOUT_CASES
+CASES = BASE_CASES + LAYOUT_CASES + STACK_CASES
 
 STATUS_RANK = {"complete": 0, "unrecognized": 1, "incomplete": 2, "corrupt": 3, "unsafe": 4}  # CONTRACT precedence
 

@@ -46,15 +46,13 @@ def status_text(status: Status) -> Text:
 
 
 def render_sniff(r: SniffReport) -> RenderableType:
-    from ckptinspect.formats.sniff import SniffState  # loaded already: `r` comes from it
-
     t = Table(show_header=False, box=None)
     t.add_row("path", r.path)
     t.add_row("kind", r.kind.value)
     t.add_row("format", r.format.value if r.format else "unrecognized")
     t.add_row("generation", r.generation or "-")
-    if r.state is not SniffState.COMPLETE:
-        t.add_row("state", Text(f"{r.state.value}: {CODES[r.state.value].title}", style="yellow"))
+    if r.state != "complete":
+        t.add_row("state", Text(f"{r.state}: {CODES[r.state].title}", style="yellow"))
     if r.checkpoint and r.checkpoint != r.path:
         t.add_row("checkpoint", r.checkpoint)
     for i, e in enumerate(r.evidence):
