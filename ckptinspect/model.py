@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptinspect.findings import Finding
+
+if TYPE_CHECKING:
+    from ckptinspect.chunk_table import ChunkTable
 
 
 class Format(enum.Enum):
@@ -106,7 +109,8 @@ class Tensor:
     key: the name on disk (a DCP fqn, a Megatron ShardedTensor key, or a legacy state-dict path).
     shape: the global shape, as stored (Megatron 0.8–0.15 N-D reformulated tensors keep their on-disk shape).
     dtype: torch dtype name without the ``torch.`` prefix.
-    chunks: stored pieces; for a legacy per-rank file one chunk that is the whole local tensor.
+    chunks: stored pieces; for a legacy per-rank file one chunk that is the whole local tensor. A streamed DCP
+      checkpoint gives a view of its `ChunkTable` (`chunk_table.TableChunks`: `Chunk`s made on access).
     shard: for legacy files, the shard dir it came from (``mp_rank_01_000``); None for global formats.
     orig_shape: the original shape of an N-D reformulated tensor (`mcore_data`), else None.
     """
@@ -114,7 +118,7 @@ class Tensor:
     key: str
     shape: tuple[int, ...]
     dtype: str
-    chunks: tuple[Chunk, ...]
+    chunks: Sequence[Chunk]
     shard: str | None = None
     orig_shape: tuple[int, ...] | None = None
 
@@ -230,6 +234,8 @@ class Checkpoint:
     extra: other format-specific facts, for display only (``metadata_json``, ``planner_keys``, ...): no check
         and no prediction reads it.
     All mappings are read-only (`types.MappingProxyType`).
+    table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
+      run vectorised over millions of chunks; None for formats without one (legacy).
     """
 
     path: str
@@ -250,6 +256,7 @@ class Checkpoint:
     shard_files: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: frozen({}))
     shard_args: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: frozen({}))
     reformulated: tuple[str, ...] = ()
+    table: ChunkTable | None = None
 
     @property
     def data_bytes(self) -> int:

@@ -101,6 +101,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
         extra=extra,
         layout=frozen(layout),
         reformulated=tuple(md.mcore_data) if md is not None else (),
+        table=md.table if md else None,
     )
 
 
