@@ -10,6 +10,7 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ckptinspect.findings import Finding
@@ -153,18 +154,32 @@ class ObjectItem:
     storage: StoredItem | None
 
 
+class FileRole(enum.Enum):
+    """What a file of a checkpoint dir is (`FileInfo.role`; the JSON says its value)."""
+
+    DATA = "data"  # *.distcp
+    METADATA = "metadata"  # .metadata, .metadata.tmp, metadata.json
+    COMMON = "common"  # common.pt
+    MANIFEST = "manifest"  # integrity.json
+    MODEL = "model"  # model_optim_rng.pt
+    OPTIMIZER = "optimizer"  # distrib_optim.pt
+    LOCAL = "local"  # NVRx local checkpoint file (iter_N_R_local.pt)
+    LOCAL_DIRTY = "local-dirty"  # NVRx local file still being written (.dirty)
+    OTHER = "other"
+
+
 @dataclass(frozen=True, slots=True)
 class FileInfo:
     """A file of the checkpoint dir.
 
     name: path relative to the checkpoint dir.
     size: bytes on disk, or None when it is named by metadata but missing / not a regular file.
-    role: what it is (``data``, ``metadata``, ``common``, ``manifest``, ``model``, ``optimizer``, ``other``).
+    role: what it is.
     """
 
     name: str
     size: int | None
-    role: str
+    role: FileRole
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +205,11 @@ class Topology:
                 "cp": self.cp, "etp": self.etp, "vpp": self.vpp}
 
 
+def frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A read-only view of a copy of `d`, for the mappings inside frozen results."""
+    return MappingProxyType(dict(d))
+
+
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     """One checkpoint (an ``iter_*`` dir, a DCP ``step-*`` dir, a legacy iteration dir).
@@ -205,7 +225,15 @@ class Checkpoint:
     optimizer_sharding: DistributedOptimizer ``distrib_optim_sharding_type`` (or inferred), None without one.
     rank_items: per save-time rank, how many items it wrote (Megatron's `all_local_plans`), () when unknown.
     findings: what the reader itself found (unreadable files, unsafe pickles, half-written state).
-    extra: format-specific facts for renderers (``metadata_json``, ``mcore_data`` keys, ...).
+    layout: on-disk witnesses of the parallel layout the checks compare with the args: ``rng_tp`` / ``rng_pp``
+        (rng_state grid), ``plans_world`` (all_local_plans), ``rerun_world``, ``shard_tp`` / ``shard_pp``
+        (legacy mp_rank_* dirs); only the ones the checkpoint shows.
+    shard_files: legacy: the files of each ``mp_rank_*`` dir (by dir name); empty for other formats.
+    shard_args: legacy: the args each shard's ``model_optim_rng.pt`` holds (by dir name).
+    reformulated: torch_dist 0.8-0.15: keys of N-D reformulated tensors (Megatron's ``mcore_data``).
+    extra: other format-specific facts, for display only (``metadata_json``, ``planner_keys``, ...): no check
+        and no prediction reads it.
+    All mappings are read-only (`types.MappingProxyType`).
     table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
       run vectorised over millions of chunks; None for formats without one (legacy).
     """
@@ -224,6 +252,10 @@ class Checkpoint:
     rank_items: tuple[int, ...] = ()
     findings: tuple[Finding, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
+    layout: Mapping[str, int] = field(default_factory=lambda: frozen({}))
+    shard_files: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: frozen({}))
+    shard_args: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: frozen({}))
+    reformulated: tuple[str, ...] = ()
     table: ChunkTable | None = None
 
     @property

@@ -13,14 +13,22 @@ import stat
 from typing import IO, Any, BinaryIO
 
 
-def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
-    """Open a regular file for binary reading (symlinks followed). Raises `OSError` for anything else."""
+class NotRegularFile(OSError):
+    """The path is a FIFO, a device, a socket or a directory: nothing a checkpoint file can be."""
+
+
+def open_regular(path: str | os.PathLike[str], buffering: int = -1) -> BinaryIO:
+    """Open a regular file for binary reading (symlinks followed); the one safe open of the package.
+
+    Raises `NotRegularFile` (an `OSError`) for anything but a regular file, `OSError` when it cannot be opened.
+    `buffering=0` gives the raw file (for `readinto` loops that bring their own buffer).
+    """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb", buffering=buffering)
     except BaseException:
         os.close(fd)
         raise

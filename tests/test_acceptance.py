@@ -4,6 +4,8 @@ For every case: the exit code is the one the findings imply (1 iff an error-seve
 no traceback, a JSON document with `schema_version` 1, the expected status and codes, and the audited tree is
 byte-identical afterwards (the tool never writes into a checkpoint). Hostile-pickle cases and a few others run as
 real subprocesses and must leave their marker file uncreated; the rest run in-process through typer's CliRunner.
+Every document must validate against `docs/schema/audit.schema.json`, and `ckptinspect.audit(PATH)` must return
+the same document (`to_dict()`) and the same exit code (`exit_code()`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import ckptinspect
 from ckptinspect.cli.app import app
 from ckptinspect.findings import CODES, Status
 from corpus import CASES as BASE_CASES
 from corpus import Case, Ctx, missing_source
 from corpus_layouts import LAYOUT_CASES
+from schemas import validate_document
 from corpus_stacks import STACK_CASES
 
 CASES = BASE_CASES + LAYOUT_CASES + STACK_CASES
@@ -53,6 +57,22 @@ def run_audit(case: Case, path: Path, cwd: Path) -> Run:
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise r.exception
     return Run(r.exit_code, r.stdout, r.stderr)
+
+
+def audit_kwargs(flags: tuple[str, ...]) -> dict[str, Any]:
+    """The `ckptinspect.audit` arguments of a case's CLI flags (a new flag must be mapped here)."""
+    kw: dict[str, Any] = {"select": [], "ignore": []}
+    it = iter(flags)
+    for flag in it:
+        if flag in ("--deep", "--all", "--hash"):
+            kw[{"--deep": "deep", "--all": "all_iterations", "--hash": "hash_files"}[flag]] = True
+        elif flag in ("--select", "--ignore"):
+            kw[flag[2:]].append(next(it))
+        elif flag == "--manifest":
+            kw["manifest"] = next(it)
+        else:
+            raise AssertionError(f"map {flag} to its ckptinspect.audit argument in audit_kwargs")
+    return kw
 
 
 def tree_state(root: Path) -> dict[str, str]:
@@ -96,6 +116,7 @@ def test_audit(case: Case, tmp_path: Path) -> None:
     assert run.exit_code in (0, 1), f"exit {run.exit_code}: {run.stderr}"
     doc = json.loads(run.stdout)
     assert doc["schema_version"] == 1 and doc["tool"] == "ckptinspect"
+    validate_document(doc)
     codes = {f["code"] for f in doc["findings"]}
     assert doc["status"] == case.status, summary(doc)
     assert case.codes <= codes, f"missing {sorted(case.codes - codes)}; got {summary(doc)}"
@@ -111,6 +132,11 @@ def test_audit(case: Case, tmp_path: Path) -> None:
     assert doc["status"] == max(implied, key=STATUS_RANK.__getitem__, default="complete"), summary(doc)
     assert tree_state(ctx.work) == before, "the audit modified the checkpoint"
     assert not ctx.marker.exists(), "a pickle from the checkpoint was executed"
+    # The Python API says exactly what the CLI said (and, in this process, executes nothing either).
+    r = ckptinspect.audit(path, **audit_kwargs(case.flags))
+    assert r.to_dict() == doc
+    assert r.exit_code() == run.exit_code
+    assert not ctx.marker.exists(), "a pickle from the checkpoint was executed by ckptinspect.audit"
 
 
 def test_every_code_is_covered_by_a_case() -> None:

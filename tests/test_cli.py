@@ -139,3 +139,16 @@ def test_module_entry_point_runs() -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["kind"] == "save_dir"
+
+
+def test_save_dir_verdict_counts_deciding_findings_apart_from_leftovers() -> None:
+    """iter_0000003 of the sample is a crashed leftover with an error: it does not decide the verdict, and the
+    verdict line must not read like `complete (1 error(s))`."""
+    rc, out = run("audit", str(SAMPLES / "torch_dist"))
+    assert rc == 0
+    assert "verdict: complete" in out
+    assert "(0 error(s), 1 warning(s); leftover iterations: 1 error(s), 0 warning(s))" in out
+    rc, md = run("audit", str(SAMPLES / "torch_dist"), "-o", "markdown")
+    assert "- findings: 0 error(s), 1 warning(s); leftover iterations: 1 error(s), 0 warning(s)" in md
+    rc, out = run("audit", str(SAMPLES / "torch_dist" / "iter_0000002"))
+    assert "(0 error(s), 0 warning(s))" in out and "leftover" not in out

@@ -93,3 +93,38 @@ def test_200k_1d_chunks_cover_exactly() -> None:
     n = 200_000
     t = tensor((n * 3,), *(((i * 3,), (3,)) for i in range(n)))
     assert tensor_coverage(t).ok
+
+
+def test_fallback_reports_a_gap_an_overlap_of_the_same_volume_hides(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback (grids too irregular to compress) used the volume sum: 4 elements covered twice made up for 4
+    elements covered by nothing, and it reported a complete tensor."""
+    from ckptinspect.checks import coverage
+
+    t = tensor((4, 4), ((0, 0), (2, 4)), ((2, 0), (2, 2)), ((0, 0), (2, 2)))  # gap (2,2)+(2,2); overlap (0,0)+(2,2)
+    exact = tensor_coverage(t)
+    assert exact.exact and (exact.gap, exact.overlap) == (4, 4)
+    monkeypatch.setattr(coverage, "MAX_CELLS", 0)
+    fallback = tensor_coverage(t)
+    assert not fallback.exact
+    assert (fallback.gap, fallback.overlap, fallback.covered) == (4, 4, 12)
+
+
+def test_fallback_agrees_with_the_exact_method_on_random_boxes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    from ckptinspect.checks import coverage
+
+    rng = random.Random(15)
+    for _ in range(300):
+        ndim = rng.randint(1, 3)
+        shape = tuple(rng.randint(1, 6) for _ in range(ndim))
+        boxes = []
+        for _ in range(rng.randint(1, 6)):
+            lo = tuple(rng.randint(0, n - 1) for n in shape)
+            boxes.append((lo, tuple(rng.randint(1, n - o) for o, n in zip(lo, shape))))
+        t = tensor(shape, *boxes)
+        monkeypatch.setattr(coverage, "MAX_CELLS", 20_000_000)
+        exact = tensor_coverage(t)
+        monkeypatch.setattr(coverage, "MAX_CELLS", 0)
+        fallback = tensor_coverage(t)
+        assert (fallback.gap, fallback.overlap, fallback.covered) == (exact.gap, exact.overlap, exact.covered), boxes

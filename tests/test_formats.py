@@ -27,7 +27,7 @@ def test_torch_dist_016_common_pt() -> None:
     assert c.iteration == 2 and c.args is not None and c.args["num_layers"] == 2
     assert c.common is not None and c.common["checkpoint_version"] == 3.0
     assert len(c.rank_items) == 8  # all_local_plans: save-time world size
-    assert c.topology.world_size == 8 and c.extra["layout"]["rng_tp"] == 2
+    assert c.topology.world_size == 8 and c.layout["rng_tp"] == 2
     assert not [f for f in c.findings if f.severity.value == "error"]
 
 

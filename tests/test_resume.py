@@ -242,8 +242,8 @@ def test_legacy_distributed_optimizer_without_distrib_optim_pt_fails() -> None:
     """[LM] load_checkpoint → optimizer.load_parameter_state(distrib_optim.pt) ([mc] distrib_optimizer.py:2253)
     torch.loads the file of each shard; a missing one cannot be loaded."""
     base = ckpt("legacy")
-    shards = {k: [f for f in v if f != "distrib_optim.pt"] for k, v in base.extra["shard_files"].items()}
-    c = replace(base, extra={**base.extra, "shard_files": shards})
+    shards = {k: tuple(f for f in v if f != "distrib_optim.pt") for k, v in base.shard_files.items()}
+    c = replace(base, shard_files=shards)
     p = predict(c, tp=2, pp=2, dp=2)
     assert p.components[O].rule == "optimizer.legacy-missing" and p.verdict is Verdict.FAILS
 

@@ -6,11 +6,11 @@ Witnesses: the `rng_state` grid is (PP, TP); `all_local_plans` has one plan per 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
+from ckptinspect.formats.topology import int_arg
 from ckptinspect.model import Checkpoint, Format
 
 _MEGATRON = (Format.TORCH_DIST, Format.TORCH)
@@ -25,7 +25,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         yield Finding("CK701", "no training args found in the checkpoint (common state has no 'args')", "args",
                       ckpt.path)
         return
-    layout: Mapping[str, int] = ckpt.extra.get("layout") or {}
+    layout = ckpt.layout
     args = ckpt.args
     pairs = [
         ("tensor_model_parallel_size", "rng_tp", "rng_state grid"),
@@ -36,7 +36,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         ("pipeline_model_parallel_size", "shard_pp", "mp_rank_* dirs"),
     ]
     for arg, witness, what in pairs:
-        a = _int(args, arg)
+        a = int_arg(args, arg, positive=False)  # a 0 in args disagrees with the disk too
         w = layout.get(witness)
         if witness.startswith("shard_") and w is not None and a is not None and w < a:
             continue  # fewer shard dirs than the args need is CK110 (missing shard), not a disagreement
@@ -45,6 +45,3 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
                           {"arg": arg, "args_value": a, "on_disk": w, "witness": what})
 
 
-def _int(args: Mapping[str, Any], name: str) -> int | None:
-    v = args.get(name)
-    return v if isinstance(v, int) and not isinstance(v, bool) else None

@@ -65,6 +65,7 @@ class TensorCoverage:
 
 
 MAX_PAIR_CHECKS = 5_000_000  # chunk pairs the irregular-grid fallback compares
+MAX_UNION_CHUNKS = 200_000  # chunks the fallback measures the exact union of when some overlap
 
 
 def _in_bounds(offsets: tuple[int, ...], sizes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -203,7 +204,9 @@ def _fallback(t: Tensor, offs: Any, sizes: Any, total: int, oob: int, no_storage
     The sweep keeps the chunks still open at each start sorted by their end (a heap), so chunks that end before it
     are dropped in O(log n); it compares at most `MAX_PAIR_CHECKS` pairs in all (a grid built to make every pair
     overlap on axis 0 would otherwise be quadratic): past that the overlap count is a lower bound and the result
-    is marked inexact."""
+    is marked inexact. With overlaps the union is measured exactly (`_union_volume`, up to `MAX_UNION_CHUNKS`
+    chunks): an overlap must not hide a gap of the same volume. `overlap` is then elements covered more than once,
+    as in the exact method; past either bound it stays the count of overlapping pairs, and the result is inexact."""
     import heapq
 
     order = offs[:, 0].argsort(kind="stable").tolist()
@@ -225,9 +228,44 @@ def _fallback(t: Tensor, offs: Any, sizes: Any, total: int, oob: int, no_storage
             break
         heapq.heappush(active, (start + z[i][0], i))
     volume = sum(math.prod(row) for row in z)  # exact: Python ints never wrap
-    gap = max(total - volume, 0)
-    return TensorCoverage(t.key, total, len(t.chunks), total - gap, gap, overlap_pairs, oob, no_storage,
+    overlap, union = overlap_pairs, volume
+    if overlap_pairs and checks <= MAX_PAIR_CHECKS and len(o) <= MAX_UNION_CHUNKS:
+        union = _union_volume([(tuple(a), tuple(x + y for x, y in zip(a, b))) for a, b in zip(o, z)], 0)
+        overlap = volume - union
+    gap = max(total - union, 0)
+    return TensorCoverage(t.key, total, len(t.chunks), total - gap, gap, overlap, oob, no_storage,
                           (), (), exact)
+
+
+def _union_volume(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], axis: int) -> int:
+    """Volume of the union of half-open boxes `(lo, hi)`: sweep `axis`, recurse on the boxes spanning each slab.
+
+    Cost grows with the boxes that share a slab, not with the tensor: chunks of a checkpoint overlap in few places.
+    """
+    if not boxes:
+        return 0
+    if axis == len(boxes[0][0]) - 1:
+        covered, reach = 0, None
+        for lo, hi in sorted((b[0][axis], b[1][axis]) for b in boxes):
+            if reach is None or lo > reach:
+                covered += hi - lo
+                reach = hi
+            elif hi > reach:
+                covered += hi - reach
+                reach = hi
+        return covered
+    cuts = sorted({b[0][axis] for b in boxes} | {b[1][axis] for b in boxes})
+    by_start = sorted(boxes, key=lambda b: b[0][axis])
+    total, nxt = 0, 0
+    live: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for a, b in zip(cuts, cuts[1:]):
+        while nxt < len(by_start) and by_start[nxt][0][axis] <= a:
+            live.append(by_start[nxt])
+            nxt += 1
+        live = [x for x in live if x[1][axis] > a]
+        if live:
+            total += (b - a) * _union_volume(live, axis + 1)
+    return total
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:

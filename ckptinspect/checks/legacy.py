@@ -3,12 +3,12 @@ the args say distributed optimizer (CK111), args that agree across shard files (
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
 from ckptinspect.formats.legacy import DISTOPT_FILE, MODEL_FILE, expected_shard_dirs
+from ckptinspect.formats.topology import int_arg
 from ckptinspect.model import Checkpoint, Format
 
 # Args that legitimately differ between the processes that wrote the shards.
@@ -18,13 +18,13 @@ _PER_RANK_ARGS = frozenset({"rank", "local_rank", "distributed_timeout_minutes"}
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format is not Format.TORCH:
         return
-    shard_files: Mapping[str, list[str]] = ckpt.extra.get("shard_files") or {}
+    shard_files = ckpt.shard_files
     if not shard_files:
         return  # a single .pt file: nothing to cross-check
     args = ckpt.args or {}
-    tp = _int(args, "tensor_model_parallel_size", "model_parallel_size")
-    pp = _int(args, "pipeline_model_parallel_size") or 1
-    ep = _int(args, "expert_model_parallel_size") or 1
+    tp = int_arg(args, "tensor_model_parallel_size", "model_parallel_size")
+    pp = int_arg(args, "pipeline_model_parallel_size") or 1
+    ep = int_arg(args, "expert_model_parallel_size") or 1
     if tp is not None:
         expected = expected_shard_dirs(tp, pp, ep)
         missing = [d for d in expected if d not in shard_files]
@@ -41,7 +41,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
             yield Finding("CK111", f"args say use_distributed_optimizer but {len(lacking)} shard dir(s) have no"
                           f" {DISTOPT_FILE}: {', '.join(lacking[:8])}", f"{lacking[0]}/{DISTOPT_FILE}", ckpt.path,
                           {"shards": lacking})
-    shard_args: Mapping[str, Mapping[str, Any]] = ckpt.extra.get("shard_args") or {}
+    shard_args = ckpt.shard_args
     if len(shard_args) > 1:
         names = sorted(shard_args)
         ref_name, ref = names[0], shard_args[names[0]]
@@ -56,9 +56,3 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
                                "b": {k: repr(other.get(k)) for k in differ[:8]}})
 
 
-def _int(args: Mapping[str, Any], *names: str) -> int | None:
-    for n in names:
-        v = args.get(n)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None

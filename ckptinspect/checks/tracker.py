@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ckptinspect.findings import Finding, Status
-from ckptinspect.formats.savedir import TRACKER, IterationDir, SaveDir, read_tracker
+from ckptinspect.formats.savedir import (
+    TRACKER,
+    IterationDir,
+    SaveDir,
+    read_tracker,
+    tracked_missing,
+    tracker_unparseable,
+)
 
 
 def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[Finding]:
@@ -37,16 +44,13 @@ def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[F
         return
     tracked = None
     if tracker.error is not None:
-        yield Finding("CK502", f"{TRACKER} is unparseable ({tracker.error}); Megatron exits with 'Invalid metadata"
-                      " file'", TRACKER, label, {"raw": tracker.raw})
+        yield tracker_unparseable(tracker, label)
     else:
         tracked = save.find(tracker.iteration)
-    name = "release" if tracker.iteration == "release" else f"iter_{int(tracker.iteration or 0):07d}"
     if tracker.error is not None:
         pass  # leftovers are still worth naming below
     elif tracked is None:
-        yield Finding("CK503", f"{TRACKER} names {name}, which does not exist", name, label,
-                      {"iteration": tracker.iteration})
+        yield tracked_missing(tracker, label)
     elif statuses.get(tracked.name) is Status.INCOMPLETE:
         yield Finding("CK504", f"{TRACKER} names {tracked.name}, which is not complete", tracked.name, label,
                       {"iteration": tracker.iteration})

@@ -1,9 +1,10 @@
-"""`ckptinspect` commands. Each parses options, calls one library function, renders, returns an exit code."""
+"""`ckptinspect` commands. Each parses options, calls one public API function (`ckptinspect.api`), renders the result,
+and returns the result's own exit code: the CLI and the Python API cannot disagree."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -25,12 +26,8 @@ from ckptinspect.cli.shell import (
     json_command,
     only,
     progress_bar,
-    require_exists,
     usage_exit,
 )
-
-if TYPE_CHECKING:
-    from ckptinspect.model import Checkpoint
 
 app = typer.Typer(
     name="ckptinspect",
@@ -46,15 +43,6 @@ def _version(value: bool) -> None:
         raise typer.Exit(EXIT_OK)
 
 
-def _read_one(path: Path) -> Checkpoint:
-    """The checkpoint PATH names (a save dir stands for the one a resume would pick), read."""
-    from ckptinspect.formats import read_checkpoint
-    from ckptinspect.formats.resolve import resolve_checkpoint
-
-    ckpt_path, label = resolve_checkpoint(path, str(path))
-    return read_checkpoint(ckpt_path, label)
-
-
 @app.callback()
 def _root(
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
@@ -68,20 +56,17 @@ def sniff(path: PathArg, output: OutputOpt = Output.TEXT, debug: DebugOpt = Fals
     """Say what PATH is: save dir or checkpoint, its format, the evidence, the producer generation."""
 
     def body() -> int:
-        from ckptinspect.formats.sniff import sniff as do_sniff
+        from ckptinspect.api import sniff as do_sniff
 
         only(output, (Output.TEXT, Output.JSON))
-        require_exists(path)
-        r = do_sniff(path, str(path))
+        r = do_sniff(path)
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, envelope
-
-            emit_raw(dumps(envelope("sniff", r.to_dict())))
+            emit_raw(r.to_json())
         else:
             from ckptinspect.render.text import render_sniff
 
-            emit_text(render_sniff(r))
-        return EXIT_OK
+            emit_text(render_sniff(r.report))
+        return r.exit_code()
 
     guarded(debug, body)
 
@@ -124,10 +109,11 @@ def info(
     """Summary (format, iteration, topology, optimizer sharding, bytes) and the tensor / object table."""
 
     def body() -> int:
+        from ckptinspect.api import read
         from ckptinspect.capabilities.audit.summary import summarize
 
         only(output, (Output.TEXT, Output.JSON))
-        ckpt = _read_one(path)
+        ckpt = read(path)
         s = summarize(ckpt)
         if csv is not None:
             from ckptinspect.render.frames import write_tensor_csv
@@ -169,34 +155,22 @@ def audit(
     """
 
     def body() -> int:
-        from ckptinspect.capabilities.audit.audit import AuditOptions
-        from ckptinspect.capabilities.audit.audit import audit as do_audit
-        from ckptinspect.checks import CheckContext
+        from ckptinspect.api import audit as do_audit
 
-        if manifest is not None and not manifest.exists():
-            usage_exit(f"--manifest {manifest}: no such file")
         with progress_bar(output is Output.TEXT and (deep or hash_files), "deep read") as hook:
-            opts = AuditOptions(deep=deep, hash=hash_files, all_iterations=all_iterations, manifest=manifest,
-                                select=tuple(select or ()), ignore=tuple(ignore or ()),
-                                context=CheckContext(progress=hook))
-            report = do_audit(path, opts, str(path))
+            r = do_audit(path, deep=deep, hash_files=hash_files, all_iterations=all_iterations, manifest=manifest,
+                         select=select or (), ignore=ignore or (), progress=hook)
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import audit_doc, dumps
-
-            emit_raw(dumps(audit_doc(report)))
+            emit_raw(r.to_json())
         elif output is Output.MARKDOWN:
-            from ckptinspect.render.markdown import audit_markdown
-
-            emit_raw(audit_markdown(report))
+            emit_raw(r.to_markdown())
         elif output is Output.JUNIT:
-            from ckptinspect.render.junit import findings_junit
-
-            emit_raw(findings_junit(report.path, list(report.gating_findings)))
+            emit_raw(r.to_junit())
         else:
             from ckptinspect.render.text import render_audit
 
-            emit_text(render_audit(report))
-        return exit_for(list(report.gating_findings), fail_on)
+            emit_text(render_audit(r.report))
+        return r.exit_code(fail_on.severity)
 
     guarded(debug, body)
 
@@ -208,56 +182,38 @@ def coverage(
     svg: Annotated[Optional[Path], typer.Option("--svg", help="write the chunk-grid picture of one tensor")] = None,
     output: OutputOpt = Output.TEXT,
     fail_on: FailOnOpt = FailOn.ERROR,
+    select: SelectOpt = None,
+    ignore: IgnoreOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Per-tensor coverage; for one tensor, a picture of its chunk grid with gaps and overlaps marked."""
 
     def body() -> int:
-        from ckptinspect.checks.coverage import findings_for, tensor_coverage
+        from ckptinspect.api import coverage as do_coverage
 
         only(output, (Output.TEXT, Output.JSON))
-        ckpt = _read_one(path)
-        label = ckpt.path
-        tensors = list(ckpt.tensors)
-        if keys:
-            by_key = {t.key: t for t in tensors}
-            missing = [k for k in keys if k not in by_key]
-            if missing:
-                usage_exit(f"no tensor named {missing[0]!r} in {label} ({len(tensors)} tensors; see `info`)")
-            tensors = [by_key[k] for k in keys]
-        covs = [tensor_coverage(t) for t in tensors]
-        findings = list(ckpt.findings) + [f for c in covs for f in findings_for(c, label)]
-        picture = None
-        if len(tensors) == 1:
-            from ckptinspect.capabilities.coverage.picture import chunk_picture
+        r = do_coverage(path, keys or (), select=select or (), ignore=ignore or ())
+        picture = r.report.picture
+        if svg is not None:
+            if picture is None:
+                usage_exit("--svg needs exactly one KEY")
+            from ckptinspect.render.svg import picture_svg
 
-            picture = chunk_picture(tensors[0])
-            if svg is not None:
-                from ckptinspect.render.svg import picture_svg
-
-                svg.write_text(picture_svg(picture), encoding="utf-8")
-        elif svg is not None:
-            usage_exit("--svg needs exactly one KEY")
+            svg.write_text(picture_svg(picture), encoding="utf-8")
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, envelope, findings_list
-
-            doc = envelope("coverage", {
-                "path": label, "tensors": [c.to_dict() for c in covs], "findings": findings_list(findings),
-                **({"picture": picture.to_dict()} if picture is not None else {}),
-            })
-            emit_raw(dumps(doc))
+            emit_raw(r.to_json())
         else:
             from rich.console import Group
 
             from ckptinspect.render.text import render_coverage_table, render_findings, render_picture
 
-            parts = [render_coverage_table(covs)]
+            parts = [render_coverage_table(r.report.tensors)]
             if picture is not None:
                 parts.append(render_picture(picture))
-            if findings:
-                parts.append(render_findings(findings))
+            if r.findings:
+                parts.append(render_findings(r.findings))
             emit_text(Group(*parts))
-        return exit_for(findings, fail_on)
+        return r.exit_code(fail_on.severity)
 
     guarded(debug, body, json_command(output, "coverage"))
 
@@ -273,20 +229,18 @@ def diff(
     """Args diff (classified, blocking or not) and tensor diff (keys, shapes, dtypes, layouts; values)."""
 
     def body() -> int:
-        from ckptinspect.capabilities.diff.diff import diff_paths
+        from ckptinspect.api import diff as do_diff
 
         only(output, (Output.TEXT, Output.JSON))
         with progress_bar(output is Output.TEXT and values, "values") as hook:
-            result = diff_paths(a, b, values=values, progress=hook, a_label=str(a), b_label=str(b))
+            r = do_diff(a, b, values=values, progress=hook)
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, envelope
-
-            emit_raw(dumps(envelope("diff", result.to_dict())))
+            emit_raw(r.to_json())
         else:
             from ckptinspect.render.diff_text import render_diff
 
-            emit_text(render_diff(result))
-        return 1 if result.blocking else EXIT_OK
+            emit_text(render_diff(r.report))
+        return r.exit_code()
 
     guarded(debug, body, json_command(output, "diff"))
 
@@ -316,24 +270,19 @@ def resume(
     """Predict what a resume with that topology and those flags restores, drops, or fails on."""
 
     def body() -> int:
-        from ckptinspect.capabilities.resume import ResumeTarget, Verdict, predict_resume
+        from ckptinspect.api import resume as do_resume
 
         only(output, (Output.TEXT, Output.JSON))
-        ckpt = _read_one(path)
-        target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
-                              make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-                              vocab_size=vocab_size, finetune=finetune, no_load_optim=no_load_optim,
-                              no_load_rng=no_load_rng)
-        pred = predict_resume(ckpt, target)
+        r = do_resume(path, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
+                      make_vocab_size_divisible_by=make_vocab_size_divisible_by, vocab_size=vocab_size,
+                      finetune=finetune, no_load_optim=no_load_optim, no_load_rng=no_load_rng)
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, envelope
-
-            emit_raw(dumps(envelope("resume", pred.to_dict())))
+            emit_raw(r.to_json())
         else:
             from ckptinspect.render.resume_text import render_resume
 
-            emit_text(render_resume(pred, explain))
-        return 1 if pred.verdict is Verdict.FAILS else EXIT_OK
+            emit_text(render_resume(r.report, explain))
+        return r.exit_code()
 
     guarded(debug, body, json_command(output, "resume"))
 

@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from ckptinspect.cli.shell import (
-    EXIT_OK,
     DebugOpt,
     FailOn,
     FailOnOpt,
+    IgnoreOpt,
     Output,
     OutputOpt,
     PathArg,
+    SelectOpt,
     emit_raw,
     emit_text,
-    exit_for,
     guarded,
     json_command,
     only,
     progress_bar,
     usage_exit,
 )
+
+if TYPE_CHECKING:
+    from ckptinspect.results import ManifestResult
 
 manifest_app = typer.Typer(help="SHA-256 integrity manifests (Megatron's integrity.json).", no_args_is_help=True)
 
@@ -43,24 +46,22 @@ def manifest_verify(
     workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads (default: cores)")] = None,
     output: OutputOpt = Output.TEXT,
     fail_on: FailOnOpt = FailOn.ERROR,
+    select: SelectOpt = None,
+    ignore: IgnoreOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Verify a SHA-256 manifest (the checkpoint's own integrity.json by default)."""
 
     def body() -> int:
-        from ckptinspect.formats.resolve import resolve_checkpoint
-        from ckptinspect.capabilities.manifest.manifest import verify_manifest
+        from ckptinspect.api import verify_manifest
 
         only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
-        ckpt_path, label = resolve_checkpoint(path, str(path))
-        if manifest is not None and not manifest.exists():
-            usage_exit(f"--manifest {manifest}: no such file")
         shard_t = _parse_shard(shard)
         with progress_bar(output is Output.TEXT, "sha256") as hook:
-            report = verify_manifest(ckpt_path, manifest, shard=shard_t, workers=workers, progress=hook,
-                                     path_label=label)
-        _emit_manifest_report("manifest verify", report, output)
-        return exit_for(list(report.findings), fail_on)
+            r = verify_manifest(path, manifest, shard=shard_t, workers=workers, select=select or (),
+                                ignore=ignore or (), progress=hook)
+        _emit_manifest_result(r, output)
+        return r.exit_code(fail_on.severity)
 
     guarded(debug, body, json_command(output, "manifest verify"))
 
@@ -70,12 +71,14 @@ def manifest_merge(
     reports: Annotated[list[Path], typer.Argument(help="JSON reports of `manifest verify --shard K/N -o json`")],
     output: OutputOpt = Output.TEXT,
     fail_on: FailOnOpt = FailOn.ERROR,
+    select: SelectOpt = None,
+    ignore: IgnoreOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Combine the JSON reports of sharded verifications into one verdict."""
 
     def body() -> int:
-        from ckptinspect.capabilities.manifest.report import merge_reports
+        from ckptinspect.api import merge_manifest_reports
 
         only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
         docs = []
@@ -84,9 +87,9 @@ def manifest_merge(
                 docs.append(json.loads(p.read_text(encoding="utf-8")))
             except (OSError, ValueError) as e:
                 usage_exit(f"{p}: not a readable JSON report ({e})")
-        report = merge_reports(docs)
-        _emit_manifest_report("manifest merge", report, output)
-        return exit_for(list(report.findings), fail_on)
+        r = merge_manifest_reports(docs, select=select or (), ignore=ignore or ())
+        _emit_manifest_result(r, output)
+        return r.exit_code(fail_on.severity)
 
     guarded(debug, body)
 
@@ -104,22 +107,17 @@ def manifest_write(
     """Write a SHA-256 manifest in Megatron's integrity.json schema (atomically)."""
 
     def body() -> int:
-        from ckptinspect.formats.resolve import resolve_checkpoint
-        from ckptinspect.capabilities.manifest.manifest import write_manifest
+        from ckptinspect.api import write_manifest
 
         only(output, (Output.TEXT, Output.JSON))
-        ckpt_path, label = resolve_checkpoint(path, str(path))
         with progress_bar(output is Output.TEXT, "sha256") as hook:
-            written = write_manifest(ckpt_path, out, recursive=recursive, workers=workers, progress=hook)
+            r = write_manifest(path, out, recursive=recursive, workers=workers, progress=hook)
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, envelope
-
-            emit_raw(dumps(envelope("manifest write", {"path": label, "manifest": written.path,
-                                                       "files": dict(written.files),
-                                                       "bytes_hashed": written.bytes_hashed})))
+            emit_raw(r.to_json())
         else:
-            emit_raw(f"wrote {written.path}: {len(written.files)} file(s), {written.bytes_hashed} bytes hashed")
-        return EXIT_OK
+            w = r.written
+            emit_raw(f"wrote {w.path}: {len(w.files)} file(s), {w.bytes_hashed} bytes hashed")
+        return r.exit_code()
 
     guarded(debug, body, json_command(output, "manifest write"))
 
@@ -136,27 +134,21 @@ def _parse_shard(shard: str | None) -> tuple[int, int] | None:
     return k, n
 
 
-def _emit_manifest_report(command: str, report: object, output: Output) -> None:
-    from ckptinspect.capabilities.manifest.report import ManifestReport
-
-    assert isinstance(report, ManifestReport)
+def _emit_manifest_result(r: ManifestResult, output: Output) -> None:
     if output is Output.JSON:
-        from ckptinspect.render.json_doc import dumps, envelope
-
-        emit_raw(dumps(envelope(command, report.to_dict())))
+        emit_raw(r.to_json())
     elif output is Output.JUNIT:
-        from ckptinspect.render.junit import findings_junit
-
-        emit_raw(findings_junit(command, list(report.findings)))
+        emit_raw(r.to_junit())
     else:
-        from rich.console import Group
+        from rich.console import Group, RenderableType
         from rich.text import Text
 
         from ckptinspect.render.text import render_findings, status_text
 
+        report = r.report
         head = Text.assemble(("verdict: ", "bold"), status_text(report.status),
                              f"   {report.files_checked} file(s) checked, {report.bytes_hashed} bytes hashed")
-        parts: list[object] = [head]
+        parts: list[RenderableType] = [head]
         if report.findings:
             parts.append(render_findings(list(report.findings)))
-        emit_text(Group(*parts))  # type: ignore[arg-type]
+        emit_text(Group(*parts))

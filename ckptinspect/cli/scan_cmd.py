@@ -24,9 +24,7 @@ from ckptinspect.cli.shell import (
     SelectOpt,
     emit_raw,
     emit_text,
-    exit_for,
     guarded,
-    usage_exit,
 )
 from ckptinspect.capabilities.scan.scan import ScanReport
 
@@ -49,15 +47,12 @@ def scan(
     """Pickle-safety scan of every pickle the checkpoint holds (.metadata, common.pt, .distcp items, .pt files)."""
 
     def body() -> int:
-        from ckptinspect.capabilities.scan.scan import scan_path
+        from ckptinspect.api import scan as do_scan
 
-        if not (path.exists() or path.is_symlink()):
-            usage_exit(f"{path}: no such file or directory")
-        report = scan_path(path, str(path), tuple(select or ()), tuple(ignore or ()))
+        r = do_scan(path, select=select or (), ignore=ignore or ())
+        report = r.report
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, envelope
-
-            emit_raw(dumps(envelope("scan", report.to_dict())))
+            emit_raw(r.to_json())
         elif output is Output.MARKDOWN:
             emit_raw(scan_markdown(report))
         elif output is Output.JUNIT:
@@ -66,7 +61,7 @@ def scan(
             emit_raw(findings_junit(f"scan {report.path}", list(report.findings)))
         else:
             emit_text(render_scan(report))
-        return exit_for(list(report.findings), fail_on)
+        return r.exit_code(fail_on.severity)
 
     guarded(debug, body)
 

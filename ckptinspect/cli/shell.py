@@ -175,8 +175,3 @@ def only(output: Output, allowed: tuple[Output, ...]) -> None:
 
 def json_command(output: Output, command: str) -> str | None:
     return command if output is Output.JSON else None
-
-
-def require_exists(path: Path) -> None:
-    if not (path.exists() or path.is_symlink()):
-        usage_exit(f"{path}: no such file or directory")

@@ -14,26 +14,26 @@ from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.safeio import open_regular
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_archive
-from ckptinspect.model import FileInfo, StoredItem
+from ckptinspect.model import FileInfo, FileRole, StoredItem
 
 _ROLES = {
-    ".metadata": "metadata",
-    ".metadata.tmp": "metadata",
-    "metadata.json": "metadata",
-    "common.pt": "common",
-    "integrity.json": "manifest",
-    "model_optim_rng.pt": "model",
-    "distrib_optim.pt": "optimizer",
+    ".metadata": FileRole.METADATA,
+    ".metadata.tmp": FileRole.METADATA,
+    "metadata.json": FileRole.METADATA,
+    "common.pt": FileRole.COMMON,
+    "integrity.json": FileRole.MANIFEST,
+    "model_optim_rng.pt": FileRole.MODEL,
+    "distrib_optim.pt": FileRole.OPTIMIZER,
 }
 
 
-def role_of(name: str) -> str:
+def role_of(name: str) -> FileRole:
     base = name.rsplit("/", 1)[-1]
     if base in _ROLES:
         return _ROLES[base]
     if base.endswith(".distcp"):
-        return "data"
-    return "other"
+        return FileRole.DATA
+    return FileRole.OTHER
 
 
 def regular_size(path: Path) -> int | None:

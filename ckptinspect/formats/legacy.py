@@ -22,7 +22,7 @@ from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_file
 from ckptinspect.formats.topology import topology_from
-from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size
+from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size, frozen
 
 MODEL_FILE = "model_optim_rng.pt"
 DISTOPT_FILE = "distrib_optim.pt"
@@ -154,7 +154,9 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
         topology=topology,
         optimizer_sharding="legacy distrib_optim.pt" if any(DISTOPT_FILE in v for v in shard_files.values()) else None,
         findings=tuple(findings),
-        extra={"shard_files": shard_files, "shard_args": shard_args, "layout": layout},
+        layout=frozen(layout),
+        shard_files=frozen({k: tuple(v) for k, v in shard_files.items()}),
+        shard_args=frozen({k: frozen(v) for k, v in shard_args.items()}),
     )
 
 

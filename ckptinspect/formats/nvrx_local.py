@@ -22,7 +22,7 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import pickle_findings, regular_size
 from ckptinspect.formats.topology import topology_from
-from ckptinspect.model import Checkpoint, FileInfo, Format
+from ckptinspect.model import Checkpoint, FileInfo, FileRole, Format
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.torch_archive import read_torch_file
 
@@ -100,7 +100,7 @@ def read_nvrx_local(root: LocalRoot, iteration: int, label: str) -> Checkpoint:
     common: dict[str, Any] | None = None
     for f in mine:
         size = regular_size(root.path / f.rel)
-        files.append(FileInfo(f.rel, size, "local-dirty" if f.dirty else "local"))
+        files.append(FileInfo(f.rel, size, FileRole.LOCAL_DIRTY if f.dirty else FileRole.LOCAL))
         if f.dirty:
             findings.append(Finding("CK513", f"{f.rel}: NVRx local save still being written or crashed (.dirty file "
                                     "never renamed)", f.rel, label, {"rank": f.owner}))

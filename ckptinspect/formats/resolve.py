@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ckptinspect.errors import BrokenSaveDir, UsageError
 from ckptinspect.findings import Finding
-from ckptinspect.formats.savedir import TRACKER, SaveDir, read_save_dir
+from ckptinspect.formats.savedir import SaveDir, join_label, read_save_dir, tracked_missing, tracker_unparseable
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Kind
 
@@ -17,15 +17,12 @@ def _why(save: SaveDir, label: str) -> tuple[Finding, ...]:
         return (Finding("CK503", f"latest_train_state.pt (Megatron-Bridge) names step {save.bridge_step}, which does "
                         "not exist", "latest_train_state.pt", label, {"iteration": save.bridge_step}),)
     if t.exists and t.error is not None:
-        return (Finding("CK502", f"{TRACKER} is unparseable ({t.error})", TRACKER, label, {"raw": t.raw}),)
+        return (tracker_unparseable(t, label),)
     if t.exists:
-        return (Finding("CK503", f"{TRACKER} names iteration {t.iteration}, which does not exist", TRACKER, label,
-                        {"iteration": t.iteration}),)
+        return (tracked_missing(t, label),)
     return (Finding("CK100", "no checkpoint in this save dir", None, label),)
 
 
-def _join(label: str, name: str) -> str:
-    return f"{label.rstrip('/')}/{name}"
 
 
 def resolve_checkpoint(path: Path, label: str | None = None) -> tuple[Path, str]:
@@ -38,5 +35,5 @@ def resolve_checkpoint(path: Path, label: str | None = None) -> tuple[Path, str]
         pick = save.resume_pick()
         if pick is None:
             raise BrokenSaveDir(f"{label}: save dir has no checkpoint a resume would pick", _why(save, label))
-        return pick.path, _join(label, pick.name)
+        return pick.path, join_label(label, pick.name)
     return path, label

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptinspect.findings import Finding
 from ckptinspect.model import Stack
 from ckptinspect.safeio import open_regular
 
@@ -215,3 +216,21 @@ def read_save_dir(path: Path) -> SaveDir:
     elif path.name == "non_persistent":
         stack, why = Stack.MEGATRON_NON_PERSISTENT, "Megatron non-persistent global checkpoint dir ({save}/non_persistent)"
     return SaveDir(path, read_tracker(path), iterations, style, stack, why, bridge_step)
+
+
+def tracker_unparseable(tracker: Tracker, label: str) -> Finding:
+    """CK502, the one construction (the tracker check and `resolve_checkpoint` both report it)."""
+    return Finding("CK502", f"{TRACKER} is unparseable ({tracker.error}); Megatron exits with 'Invalid metadata"
+                   " file'", TRACKER, label, {"raw": tracker.raw})
+
+
+def tracked_missing(tracker: Tracker, label: str) -> Finding:
+    """CK503, the one construction: the tracker names an iteration dir that does not exist."""
+    it = tracker.iteration
+    name = "release" if it == "release" else f"iter_{int(it or 0):07d}"
+    return Finding("CK503", f"{TRACKER} names {name}, which does not exist", name, label, {"iteration": it})
+
+
+def join_label(label: str, name: str) -> str:
+    """The label of `name` inside the dir the user named `label` (`run/` + `iter_0000002` → `run/iter_0000002`)."""
+    return f"{label.rstrip('/')}/{name}"

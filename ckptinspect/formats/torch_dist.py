@@ -27,7 +27,7 @@ from ckptinspect.formats.dcp_metadata import DcpMetadata
 from ckptinspect.formats.generation import megatron_generation
 from ckptinspect.formats.zarr_dir import read_zarr_arrays
 from ckptinspect.formats.topology import topology_from
-from ckptinspect.model import Checkpoint, Format
+from ckptinspect.model import Checkpoint, Format, frozen
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -88,14 +88,12 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
         iteration = args.get("iteration") if args and isinstance(args.get("iteration"), int) else None
     topology, layout = topology_from(args, md)
     generation = megatron_generation(config, common_source, md, common)
-    extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source, "layout": layout,
+    extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source,
                              "sharded_backend": config.get("sharded_backend") if config else None,
                              "generation_evidence": list(generation.evidence)}
     if md is not None:
         extra["metadata_root"] = md.root_class
         extra["planner_keys"] = md.planner_keys
-        if md.mcore_data:
-            extra["mcore_data"] = {k: list(v) for k, v in md.mcore_data.items()}
         if md.unknown_attrs:
             extra["unknown_metadata_attrs"] = list(md.unknown_attrs)
     return Checkpoint(
@@ -113,6 +111,8 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
         rank_items=md.rank_items if md else (),
         findings=tuple(findings),
         extra=extra,
+        layout=frozen(layout),
+        reformulated=tuple(md.mcore_data) if md is not None else (),
         table=md.table if md else None,
     )
 

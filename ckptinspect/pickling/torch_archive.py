@@ -20,6 +20,7 @@ from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.safeio import FileSlice, open_regular
 from ckptinspect.pickling.candidates import archive_walks
 from ckptinspect.pickling.walk import is_pickle_start, walk_stream
+from ckptinspect.pickling.zipdir import local_data_start
 from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +83,8 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
         raise _with(ReadError(f"not a readable zip archive: {short_error(e)}", "CK206"), report) from e
     with zf:
         infos = zf.infolist()
-        pkl = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
-        if not pkl:
-            pkl = [i for i in infos if i.filename == "data.pkl"]
+        # `archive/data.pkl` first (what torch.save writes), a bare `data.pkl` only when there is none
+        pkl = sorted((i for i in infos if is_main_pickle(i.filename)), key=lambda i: i.filename == "data.pkl")
         if not pkl:
             raise _with(ReadError("zip archive without data.pkl (not a torch.save archive)", "CK206"), report)
         info = pkl[-1]  # of duplicates, zipfile and torch 2.13 read the later one
@@ -124,17 +124,14 @@ def _with(e: ReadError, report: PickleReport) -> ReadError:
 
 
 def _data_offset(view: IO[bytes], info: zipfile.ZipInfo) -> int:
-    """Where a member's bytes start: after its 30-byte local header, file name and extra field."""
-    try:
-        view.seek(info.header_offset)
-        head = view.read(30)
-    except (OSError, ValueError):
-        return -1
-    if len(head) < 30 or head[:4] != b"PK\x03\x04":
-        return -1
-    name_len = int.from_bytes(head[26:28], "little")
-    extra_len = int.from_bytes(head[28:30], "little")
-    return info.header_offset + 30 + name_len + extra_len
+    """Where a member's bytes start in the archive (-1 when its local header is unreadable)."""
+    offset = local_data_start(view, 0, info.header_offset)
+    return -1 if offset is None else offset
+
+
+def is_main_pickle(member: str) -> bool:
+    """`data.pkl` at the top of a torch archive (``archive/data.pkl``, or bare): the pickle `torch.load` reads."""
+    return member == "data.pkl" or (member.endswith("/data.pkl") and member.count("/") == 1)
 
 
 def read_torch_file(path: str | os.PathLike[str]) -> TorchArchive:

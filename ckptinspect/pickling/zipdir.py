@@ -157,12 +157,22 @@ def data_offset(f: IO[bytes], offset: int, length: int, m: ZipMember) -> int | N
     """Offset (inside the archive) of a member's bytes, after its local header; None when there is none."""
     if m.header < 0 or m.header + 30 > length:
         return None
-    f.seek(offset + m.header)
-    head = f.read(30)
+    start = local_data_start(f, offset, m.header)
+    return start if start is not None and start + m.compressed_size <= length else None
+
+
+def local_data_start(f: IO[bytes], offset: int, header: int) -> int | None:
+    """Offset (inside the archive at `offset` of `f`) where the member whose local header is at `header` starts:
+    after the 30-byte header, the file name and the extra field. None when no local header is there. The one
+    local-header parser (the scan's container walk and the torch archive reader both use it)."""
+    try:
+        f.seek(offset + header)
+        head = f.read(30)
+    except (OSError, ValueError):
+        return None
     if len(head) < 30 or head[:4] != LOCAL:
         return None
-    start = m.header + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30], "little")
-    return start if start + m.compressed_size <= length else None
+    return header + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30], "little")
 
 
 def member_bytes(f: IO[bytes], offset: int, length: int, m: ZipMember, bound: int) -> bytes | str:

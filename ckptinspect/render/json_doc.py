@@ -144,7 +144,7 @@ def info_doc(c: Checkpoint, s: Summary) -> dict[str, Any]:
             for o in c.objects
         ],
         "bytes": c.data_bytes,
-        "files": [{"name": f.name, "size": f.size, "role": f.role} for f in c.files],
+        "files": [{"name": f.name, "size": f.size, "role": f.role.value} for f in c.files],
         "args": dict(c.args) if c.args is not None else None,
         "common": dict(c.common) if c.common is not None else None,
         "summary": s.to_dict(),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ckptinspect.capabilities.audit.audit import AuditReport
-from ckptinspect.findings import CODES, Severity
-from ckptinspect.render.text import human_bytes
+from ckptinspect.findings import CODES
+from ckptinspect.render.text import human_bytes, verdict_counts
 
 _ICON = {"complete": "✅", "incomplete": "⚠️", "corrupt": "❌", "unsafe": "☠️", "unrecognized": "❓"}
 
@@ -18,9 +18,7 @@ def audit_markdown(r: AuditReport) -> str:
     lines.append(f"- path: `{r.path}` ({r.kind.value})")
     if r.format:
         lines.append(f"- format: `{r.format}`, iteration {r.iteration}")
-    errors = sum(1 for f in r.findings if f.severity is Severity.ERROR)
-    warnings = sum(1 for f in r.findings if f.severity is Severity.WARNING)
-    lines.append(f"- findings: {errors} error(s), {warnings} warning(s)")
+    lines.append(f"- findings: {verdict_counts(r)}")
     if r.summary is not None:
         s = r.summary
         lines.append(f"- content: {s.tensors} tensors, {s.chunks} chunks, {s.objects} objects, {s.files} files,"

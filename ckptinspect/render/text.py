@@ -130,12 +130,26 @@ def render_summary(s: Summary, ckpt: Checkpoint | None) -> RenderableType:
     return Group(*parts)
 
 
+def verdict_counts(r: AuditReport) -> str:
+    """Errors and warnings the verdict rests on, and apart those of leftover iterations (which do not decide it):
+    `0 error(s), 1 warning(s); leftover iterations: 1 error(s), 0 warning(s)`."""
+    deciding = r.gating_findings
+    leftovers = len(r.findings) - len(deciding)
+
+    def count(findings: Sequence[Finding]) -> str:
+        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
+        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
+        return f"{errors} error(s), {warnings} warning(s)"
+
+    if not leftovers:
+        return count(deciding)
+    ids = {id(f) for f in deciding}
+    return f"{count(deciding)}; leftover iterations: {count([f for f in r.findings if id(f) not in ids])}"
+
+
 def render_audit(r: AuditReport) -> RenderableType:
-    errors = sum(1 for f in r.findings if f.severity is Severity.ERROR)
-    warnings = sum(1 for f in r.findings if f.severity is Severity.WARNING)
     head = Text.assemble(
-        ("verdict: ", "bold"), status_text(r.status), f"   {r.kind.value} {r.path}",
-        f"   ({errors} error(s), {warnings} warning(s))",
+        ("verdict: ", "bold"), status_text(r.status), f"   {r.kind.value} {r.path}", f"   ({verdict_counts(r)})",
     )
     parts: list[RenderableType] = [Panel(head, expand=False)]
     if r.save_dir is not None:

@@ -17,7 +17,7 @@ from ckptinspect.checks.registry import CHECKS
 from ckptinspect.errors import UsageError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of, worst_status
 from ckptinspect.formats import read_checkpoint
-from ckptinspect.formats.savedir import SaveDir, read_save_dir
+from ckptinspect.formats.savedir import SaveDir, join_label, read_save_dir
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Checkpoint, Kind
 from ckptinspect.capabilities.audit.summary import Summary, summarize
@@ -136,7 +136,7 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
     audits: list[CheckpointAudit] = []
     for it in save.iterations:
         full = opts.all_iterations or (pick is not None and it.name == pick.name)
-        audits.append(audit_checkpoint(it.path, _join(label, it.name), opts, full, save.style == "megatron",
+        audits.append(audit_checkpoint(it.path, join_label(label, it.name), opts, full, save.style == "megatron",
                                        it.name))
     statuses = {a.name or "": a.status for a in audits}
     dir_findings = tuple(filter_findings((f for f in tracker.run(save, statuses, label)), opts.select, opts.ignore))
@@ -155,8 +155,6 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
     return AuditReport(label, Kind.SAVE_DIR, status, tuple(flat), tuple(audits), picked, save, summary)
 
 
-def _join(label: str, name: str) -> str:
-    return f"{label.rstrip('/')}/{name}"
 
 
 
@@ -206,7 +204,7 @@ def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | Non
     rows = []
     statuses: dict[str, Status] = {}
     for it in save.iterations:
-        a = audit_checkpoint(it.path, _join(label, it.name), opts, False, save.style == "megatron", it.name)
+        a = audit_checkpoint(it.path, join_label(label, it.name), opts, False, save.style == "megatron", it.name)
         statuses[it.name] = a.status
         c = a.checkpoint
         # an NVRx iteration is virtual (its files live in the rank dirs): the reader listed them

@@ -17,7 +17,7 @@ The args tables, `categorize`, `diff_args` and `diff_meta` live in `args.py`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,7 @@ from ckptinspect.chunk_table import TableChunks
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor
 from ckptinspect.capabilities.diff.values import ChunkSource, ValueComparison, compare_tensor_values, supported
 from ckptinspect.capabilities.diff.args import ArgDiff, categorize, diff_args, diff_meta
-
-Progress = Callable[[int, int, str], None]
-"""`progress(advance, total, description)`: `advance` bytes of A's chunks done out of `total`."""
+from ckptinspect.progress import ProgressHook  # progress(advance, total, description): bytes of A's chunks
 
 
 class What(enum.Enum):
@@ -242,7 +240,7 @@ def _num(x: float | None) -> float | str | None:
 
 
 def diff_checkpoints(
-    a: Checkpoint, b: Checkpoint, *, values: bool = False, progress: Progress | None = None,
+    a: Checkpoint, b: Checkpoint, *, values: bool = False, progress: ProgressHook | None = None,
     a_dir: Path | None = None, b_dir: Path | None = None,
 ) -> DiffResult:
     """Compare two read checkpoints. `a_dir` / `b_dir`: where their files are (default: `Checkpoint.path`); only
@@ -291,7 +289,7 @@ def _root(c: Checkpoint, given: Path | None) -> ChunkSource:
 
 def _compare_values(
     a: Checkpoint, b: Checkpoint, ta: Mapping[str, Tensor], tb: Mapping[str, Tensor], tensors: KeyDiff,
-    a_dir: Path | None, b_dir: Path | None, progress: Progress | None,
+    a_dir: Path | None, b_dir: Path | None, progress: ProgressHook | None,
 ) -> tuple[tuple[Change, ...], ValuesReport]:
     src_a, src_b = _root(a, a_dir), _root(b, b_dir)
     structural = {c.key for c in tensors.changed if c.what in (What.SHAPE, What.DTYPE)}
@@ -330,7 +328,7 @@ def _compare_values(
     return tuple(changes), ValuesReport(tuple(compared), tuple(identical), tuple(skipped), elements)
 
 
-def diff_paths(a: Path, b: Path, *, values: bool = False, progress: Progress | None = None,
+def diff_paths(a: Path, b: Path, *, values: bool = False, progress: ProgressHook | None = None,
                a_label: str | None = None, b_label: str | None = None) -> DiffResult:
     """`diff A B` on paths: a save dir resolves to the checkpoint a resume would pick, then both are read.
 

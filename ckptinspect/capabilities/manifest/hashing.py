@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
+import io
 import os
 import stat
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from ckptinspect.progress import ProgressHook
+from ckptinspect.safeio import NotRegularFile, open_regular
 
 ALGORITHM = "sha256"  # the manifest's `algorithm`: the only one hashed here
 _CHUNK = 4 * 1024 * 1024
@@ -40,17 +43,17 @@ def _hash_file(path: str, tick: _Ticker | None) -> _Hashed:
     h = hashlib.sha256()
     total = 0
     try:
-        # O_NONBLOCK: if the entry was swapped for a FIFO after the stat, open must not wait for a writer.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-        with open(fd, "rb", buffering=0, closefd=True) as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return _Hashed(None, 0, "not a regular file")
-            _advise_sequential(fd)
+        # Non-blocking open: if the entry was swapped for a FIFO after the stat, open must not wait for a writer.
+        with open_regular(path, buffering=0) as opened:
+            f = cast(io.FileIO, opened)  # buffering=0: the raw file, whose readinto fills our buffer
+            _advise_sequential(f.fileno())
             while n := f.readinto(view):
                 h.update(view[:n])
                 total += n
                 if tick is not None:
                     tick.add(n)
+    except NotRegularFile:
+        return _Hashed(None, 0, "not a regular file")
     except OSError as e:
         return _Hashed(None, total, f"{type(e).__name__}: {e.strerror or e}")
     return _Hashed(h.hexdigest(), total, None)

@@ -171,7 +171,7 @@ def _o_legacy_split(f: _Facts) -> str | None:
 def _o_legacy_missing(f: _Facts) -> str | None:
     if not f.legacy or not f.args.get("use_distributed_optimizer"):
         return None
-    shards: Mapping[str, Any] = f.ckpt.extra.get("shard_files") or {}
+    shards: Mapping[str, Any] = f.ckpt.shard_files
     missing = sorted(s for s, files in shards.items() if "distrib_optim.pt" not in files)
     return (f"args say use_distributed_optimizer but {', '.join(missing[:3])} lack distrib_optim.pt: "
             "load_parameter_state torch.loads it → FileNotFoundError") if missing else None

@@ -195,7 +195,7 @@ def _facts(ckpt: Checkpoint, t: ResumeTarget) -> _Facts:
     return _Facts(
         ckpt, t, a, common, src, dst, legacy, PurePath(ckpt.path).name == "release", broken,
         tuple(_problems(a, src, dst)), vocab, tuple(mismatch), vocab_file, ckpt.optimizer_sharding,
-        bool(ckpt.extra.get("mcore_data")) or ckpt.optimizer_sharding == "fully_sharded_model_space",
+        bool(ckpt.reformulated) or ckpt.optimizer_sharding == "fully_sharded_model_space",
         has_opt, has_rng, "opt_param_scheduler" in common or "lr_scheduler" in common,
         ckpt.iteration is not None or "iteration" in common or "total_iters" in common, _rerun(common),
         dp_how, tuple(notes))

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckptinspect.formats.topology import positive_int
+
 
 class Outcome(enum.Enum):
     """What a resume does with one component (docs/contract.md `resume` outcomes)."""
@@ -197,5 +199,4 @@ def verdict_of(outcomes: Mapping[Component, ComponentPrediction]) -> Verdict:
     return Verdict.LOSSY if Outcome.DROPPED in values else Verdict.OK
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+_int = positive_int  # the one definition lives with the topology readers

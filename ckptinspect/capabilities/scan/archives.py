@@ -21,6 +21,7 @@ from ckptinspect.pickling.candidates import archive_walks, blob_walks
 from ckptinspect.formats._files import called_finding
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.pickling.torch_archive import is_main_pickle
 from ckptinspect.pickling.walk import PickleWalk, is_pickle_start, walk_pickle, walk_stream
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PREWALK_MAX_BYTES
 
@@ -101,7 +102,7 @@ class ContainerScan:
 
     def walked(self, where: Where, member: str | None, walk: PickleWalk, size: int) -> None:
         """Record one walked pickle and its findings."""
-        subject = where.subject if member is None or _is_main_pickle(member) else f"{where.subject}!{member}"
+        subject = where.subject if member is None or is_main_pickle(member) else f"{where.subject}!{member}"
         verdicts = walk.globals
         self.pickles.append(PickleScan(subject, where.file, where.offset, where.length, member,
                                        {q: v.value for q, v in verdicts.items()}, walk.segments,
@@ -296,11 +297,6 @@ def _find(f: IO[bytes], needle: bytes, start: int, end: int) -> int | None:
             return None
         pos += len(chunk) - len(needle) + 1
     return None
-
-
-def _is_main_pickle(member: str) -> bool:
-    """`data.pkl` at the top of a torch archive (``archive/data.pkl``): the pickle `torch.load` reads."""
-    return member == "data.pkl" or (member.endswith("/data.pkl") and member.count("/") == 1)
 
 
 def _short(e: BaseException) -> str:

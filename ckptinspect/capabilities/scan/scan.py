@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,9 @@ from ckptinspect.safeio import leaves_dir
 from ckptinspect.pickling.walk import walk_pickle
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.formats.savedir import join_label
 from ckptinspect.model import ObjectItem, StoredItem, Tensor
+from ckptinspect.safeio import open_regular
 from ckptinspect.capabilities.scan.archives import PickleScan
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -116,7 +117,7 @@ class _Scan(ContainerScan):
             sub_rel = _join_rel(rel, e.name)
             if _ITER_NAME.match(e.name):
                 # An iteration dir of a save dir is a checkpoint of its own: findings name it, as `audit` does.
-                self.tree(Path(e.path), sub_rel, _join(self.label, sub_rel), sub_rel, depth + 1)
+                self.tree(Path(e.path), sub_rel, join_label(self.label, sub_rel), sub_rel, depth + 1)
             else:
                 self.tree(Path(e.path), sub_rel, label, ckpt_rel, depth + 1)
 
@@ -155,16 +156,8 @@ class _Scan(ContainerScan):
     def open_regular(self, p: Path) -> IO[bytes] | None:
         """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one."""
         try:
-            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            return open_regular(p)
         except OSError:
-            return None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                return None
-            return os.fdopen(fd, "rb")
-        except OSError:
-            os.close(fd)
             return None
 
     def raw_file(self, p: Path, rel: str, label: str, subject: str, code: str) -> bytes | None:
@@ -332,8 +325,6 @@ def _gaps(covered: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int]
 
 
 
-def _join(label: str, name: str) -> str:
-    return f"{label.rstrip('/')}/{name}"
 
 
 def _join_rel(rel: str, name: str) -> str:

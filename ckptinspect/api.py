@@ -1,0 +1,187 @@
+"""The public Python API: one function per command, each returning a frozen result.
+
+Every result has `.findings`, `.status` (or `.verdict`), `.to_dict()` — exactly the document `ckptinspect CMD -o
+json` prints — `.to_json()` (that document as the CLI prints it) and `.exit_code(fail_on="error")` — exactly the exit
+code the CLI returns for it. The CLI is a thin layer over these functions, so the two cannot drift apart.
+
+Paths are `str` or `os.PathLike`; a save dir stands for the checkpoint a resume would pick wherever a checkpoint is
+expected. Errors: `UsageError` when a path does not exist or an argument is impossible (the CLI's exit 2);
+`BrokenSaveDir` (with `.findings`) when a save dir has no checkpoint to pick. A broken, half-written or hostile
+checkpoint is never an exception: it is findings.
+
+Importing this module is cheap: the capability code is imported by the function that needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from ckptinspect.results import (
+    AuditResult,
+    CoverageResult,
+    DiffResult,
+    ManifestResult,
+    ResumeResult,
+    ScanResult,
+    SniffResult,
+    WrittenManifestResult,
+)
+
+if TYPE_CHECKING:
+    from ckptinspect.capabilities.manifest.report import ManifestReport
+    from ckptinspect.model import Checkpoint
+    from ckptinspect.progress import ProgressHook
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _path(path: PathLike) -> tuple[Path, str]:
+    p = Path(os.fspath(path))
+    return p, str(p)
+
+
+def _exists(p: Path, label: str) -> None:
+    from ckptinspect.errors import UsageError
+
+    if not (p.exists() or p.is_symlink()):
+        raise UsageError(f"{label}: no such file or directory")
+
+
+# --- functions -----------------------------------------------------------------------------------------------------
+
+
+def sniff(path: PathLike) -> SniffResult:
+    """What `path` is: a save dir or one checkpoint, its format, the evidence, the producer generation."""
+    from ckptinspect.formats.sniff import sniff as do_sniff
+
+    p, label = _path(path)
+    _exists(p, label)
+    return SniffResult(do_sniff(p, label))
+
+
+def read(path: PathLike) -> Checkpoint:
+    """The neutral model of the checkpoint `path` names (metadata only; tensor bytes are never loaded)."""
+    from ckptinspect.formats import read_checkpoint
+    from ckptinspect.formats.resolve import resolve_checkpoint
+
+    p, label = _path(path)
+    ckpt_path, ckpt_label = resolve_checkpoint(p, label)
+    return read_checkpoint(ckpt_path, ckpt_label)
+
+
+def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_iterations: bool = False,
+          manifest: PathLike | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
+          progress: ProgressHook | None = None) -> AuditResult:
+    """Run every check on a checkpoint or a save dir (`ckptinspect audit`)."""
+    from ckptinspect.capabilities.audit.audit import AuditOptions
+    from ckptinspect.capabilities.audit.audit import audit as do_audit
+    from ckptinspect.checks import CheckContext
+
+    p, label = _path(path)
+    m = None
+    if manifest is not None:
+        m, m_label = _path(manifest)
+        if not m.exists():
+            from ckptinspect.errors import UsageError
+
+            raise UsageError(f"--manifest {m_label}: no such file")
+    opts = AuditOptions(deep=deep, hash=hash_files, all_iterations=all_iterations, manifest=m,
+                        select=tuple(select), ignore=tuple(ignore), context=CheckContext(progress=progress))
+    return AuditResult(do_audit(p, opts, label))
+
+
+def diff(a: PathLike, b: PathLike, *, values: bool = False, progress: ProgressHook | None = None) -> DiffResult:
+    """Args diff (classified, blocking or not) and tensor diff of two checkpoints (`ckptinspect diff`)."""
+    from ckptinspect.capabilities.diff.diff import diff_paths
+
+    pa, la = _path(a)
+    pb, lb = _path(b)
+    return DiffResult(diff_paths(pa, pb, values=values, progress=progress, a_label=la, b_label=lb))
+
+
+def resume(path: PathLike, *, tp: int, pp: int, dp: int | None = None, ep: int | None = None,
+           cp: int | None = None, etp: int | None = None, vpp: int | None = None,
+           make_vocab_size_divisible_by: int | None = None, vocab_size: int | None = None, finetune: bool = False,
+           no_load_optim: bool = False, no_load_rng: bool = False) -> ResumeResult:
+    """What a resume with this topology and these flags restores, drops or fails on (`ckptinspect resume`)."""
+    from ckptinspect.capabilities.resume import ResumeTarget, predict_resume
+
+    target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
+                          make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+                          vocab_size=vocab_size, finetune=finetune, no_load_optim=no_load_optim,
+                          no_load_rng=no_load_rng)
+    return ResumeResult(predict_resume(read(path), target))
+
+
+def coverage(path: PathLike, keys: Sequence[str] = (), *, select: Sequence[str] = (), ignore: Sequence[str] = ()
+             ) -> CoverageResult:
+    """Per-tensor chunk coverage (every tensor when `keys` is empty; `ckptinspect coverage`)."""
+    from ckptinspect.capabilities.coverage.coverage import coverage as do_coverage
+
+    return CoverageResult(do_coverage(read(path), keys, select, ignore))
+
+
+def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: tuple[int, int] | None = None,
+                    workers: int | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
+                    progress: ProgressHook | None = None) -> ManifestResult:
+    """Verify a SHA-256 manifest (the checkpoint's own `integrity.json` by default; `ckptinspect manifest verify`)."""
+    from ckptinspect.capabilities.manifest.manifest import verify_manifest as do_verify
+    from ckptinspect.errors import UsageError
+    from ckptinspect.formats.resolve import resolve_checkpoint
+
+    p, label = _path(path)
+    ckpt_path, ckpt_label = resolve_checkpoint(p, label)
+    m = None
+    if manifest is not None:
+        m, m_label = _path(manifest)
+        if not m.exists():
+            raise UsageError(f"--manifest {m_label}: no such file")
+    if shard is not None and not (shard[1] > 0 and 0 <= shard[0] < shard[1]):
+        raise UsageError(f"shard {shard[0]}/{shard[1]}: need 0 <= K < N")
+    report = do_verify(ckpt_path, m, shard=shard, workers=workers, progress=progress, path_label=ckpt_label)
+    return ManifestResult(_filtered(report, select, ignore))
+
+
+def merge_manifest_reports(reports: Sequence[Mapping[str, Any]], *, select: Sequence[str] = (),
+                           ignore: Sequence[str] = ()) -> ManifestResult:
+    """One verdict from the JSON documents of sharded verifications (`ckptinspect manifest merge`)."""
+    from ckptinspect.capabilities.manifest.report import merge_reports
+
+    return ManifestResult(_filtered(merge_reports(reports), select, ignore), "manifest merge")
+
+
+def _filtered(report: ManifestReport, select: Sequence[str], ignore: Sequence[str]) -> ManifestReport:
+    """`--select` / `--ignore` on a manifest report: the status follows the findings kept, as for `audit`."""
+    if not select and not ignore:
+        return report
+    from dataclasses import replace
+
+    from ckptinspect.findings import filter_findings, status_of
+
+    kept = tuple(filter_findings(report.findings, select, ignore))
+    return replace(report, findings=kept, status=status_of(kept))
+
+
+def write_manifest(path: PathLike, out: PathLike | None = None, *, recursive: bool = False,
+                   workers: int | None = None, progress: ProgressHook | None = None) -> WrittenManifestResult:
+    """Write a SHA-256 manifest in Megatron's `integrity.json` schema, atomically (`ckptinspect manifest write`)."""
+    from ckptinspect.capabilities.manifest.manifest import write_manifest as do_write
+    from ckptinspect.formats.resolve import resolve_checkpoint
+
+    p, label = _path(path)
+    ckpt_path, ckpt_label = resolve_checkpoint(p, label)
+    o = _path(out)[0] if out is not None else None
+    return WrittenManifestResult(do_write(ckpt_path, o, recursive=recursive, workers=workers, progress=progress),
+                                 ckpt_label)
+
+
+def scan(path: PathLike, *, select: Sequence[str] = (), ignore: Sequence[str] = ()) -> ScanResult:
+    """Pickle-safety scan of every pickle the checkpoint holds; nothing is unpickled (`ckptinspect scan`)."""
+    from ckptinspect.capabilities.scan.scan import scan_path
+
+    p, label = _path(path)
+    _exists(p, label)
+    return ScanResult(scan_path(p, label, tuple(select), tuple(ignore)))
