@@ -10,10 +10,11 @@ from pathlib import Path
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._globals import GlobalClass
-from ckptinspect.formats._io import open_regular
+from ckptinspect.formats._io import file_size, open_regular
 from ckptinspect.formats._unpickle import PickleReport
 from ckptinspect.formats.torch_archive import TorchArchive, read_torch_archive
 from ckptinspect.model import FileInfo, StoredItem
+from ckptinspect.storage.objpath import ObjectPath
 
 _ROLES = {
     ".metadata": "metadata",
@@ -36,7 +37,10 @@ def role_of(name: str) -> str:
 
 
 def regular_size(path: Path) -> int | None:
-    """Size of `path` if it is a regular file (symlinks followed), else None. Never raises."""
+    """Size of `path` if it is a regular file (symlinks followed), else None. Never raises for a local path."""
+    if isinstance(path, ObjectPath):
+        info = path.object_info()
+        return info.size if info is not None else None
     try:
         st = os.stat(path)
     except (OSError, ValueError):
@@ -46,6 +50,9 @@ def regular_size(path: Path) -> int | None:
 
 def list_files(ckpt_dir: Path, recursive: bool = False) -> tuple[FileInfo, ...]:
     """Regular files of a checkpoint dir (top level unless `recursive`), sorted by name. Never raises."""
+    if isinstance(ckpt_dir, ObjectPath):
+        objects = ckpt_dir.walk_files(recursive)
+        return tuple(sorted((FileInfo(rel, size, role_of(rel)) for rel, size in objects), key=lambda f: f.name))
     out: list[FileInfo] = []
     for rel in _walk(ckpt_dir, "", recursive, 0):
         size = regular_size(ckpt_dir / rel)
@@ -78,8 +85,8 @@ def read_item_archive(ckpt_dir: Path, item: StoredItem) -> TorchArchive:
         raise ReadError(f"stored item uses stream transforms {item.transforms}, not supported", "CK205")
     path = ckpt_dir / item.file
     try:
-        with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
+        with open_regular(path, (item.offset, item.length)) as f:
+            size = file_size(f)
             if item.offset < 0 or item.length < 0 or item.end > size:
                 raise ReadError(f"{item.file}: item [{item.offset}, {item.end}) past end of file ({size})", "CK202")
             return read_torch_archive(f, item.offset, item.length)

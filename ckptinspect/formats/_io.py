@@ -2,6 +2,8 @@
 
 Every reader opens files through `open_regular`: the open itself is non-blocking (a FIFO in place of `.metadata`
 would otherwise hang the tool forever), and anything that is not a regular file is refused with an `OSError`.
+An object-storage path (`storage.objpath.ObjectPath`) opens as a ranged reader of the object instead; its errors
+are `OSError`s too, so the readers report them like local ones.
 """
 
 from __future__ import annotations
@@ -10,11 +12,19 @@ import errno
 import io
 import os
 import stat
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
+
+from ckptinspect.storage.objpath import ObjectPath
 
 
-def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
-    """Open a regular file for binary reading (symlinks followed). Raises `OSError` for anything else."""
+def open_regular(path: str | os.PathLike[str], window: tuple[int, int] | None = None) -> BinaryIO:
+    """Open a regular file for binary reading (symlinks followed). Raises `OSError` for anything else.
+
+    `window` (offset, length): the part the caller will read (one stored item); an object-storage reader never
+    prefetches past it. Local files ignore it.
+    """
+    if isinstance(path, ObjectPath):
+        return cast(BinaryIO, io.BufferedReader(path.open_reader(window), buffer_size=1 << 20))
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -26,12 +36,23 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         raise
 
 
+def file_size(f: IO[bytes]) -> int:
+    """Size of an open file: `fstat` for a local one, the listed size for an object (seek to the end)."""
+    try:
+        return os.fstat(f.fileno()).st_size
+    except io.UnsupportedOperation:
+        here = f.tell()
+        end = f.seek(0, os.SEEK_END)
+        f.seek(here)
+        return end
+
+
 def read_small(path: str | os.PathLike[str], limit: int) -> bytes:
     """The bytes of a small regular file; `OSError` (EFBIG) when it holds more than `limit` bytes."""
     with open_regular(path) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
     return data
 
 

@@ -6,14 +6,13 @@ reader (`torch_dist.py`) builds on it and adds the Megatron common state.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
-from ckptinspect.formats._io import open_regular
+from ckptinspect.formats._io import file_size, open_regular
 from ckptinspect.formats._unpickle import MAX_PICKLE_BYTES, PickleReport
 from ckptinspect.formats.dcp_metadata import DcpMetadata, read_dcp_metadata
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
@@ -40,7 +39,7 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
         report = PickleReport()
         try:
             with open_regular(mpath) as f:
-                size = os.fstat(f.fileno()).st_size
+                size = file_size(f)
                 if size > MAX_PICKLE_BYTES:
                     raise ReadError(f".metadata of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
                 md = read_dcp_metadata(f, report)
