@@ -35,10 +35,13 @@ from typing import IO, Any
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of
 from ckptinspect.formats._archives import ContainerScan, Where
+from ckptinspect.formats._io import Window, file_identity, file_size
+from ckptinspect.formats._io import open_regular as open_file
 from ckptinspect.formats._pickle_scan import walk_pickle
 from ckptinspect.formats._unpickle import MAX_PICKLE_BYTES
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.model import ObjectItem, StoredItem, Tensor
+from ckptinspect.storage.objpath import ObjectPath
 # Moved to formats/_archives.py; re-exported so `from ckptinspect.scan import ...` keeps working.
 from ckptinspect.formats._archives import (  # noqa: F401 - re-exports
     MAX_FALLBACK_BYTES as MAX_FALLBACK_BYTES,
@@ -82,7 +85,7 @@ class _Scan(ContainerScan):
 
     entries: int = 0
     visited: set[tuple[int, int]] = field(default_factory=set)  # directories walked (symlink loops)
-    located: set[tuple[int, int]] = field(default_factory=set)  # data files scanned through `.metadata` items
+    located: set[tuple[int, int] | str] = field(default_factory=set)  # data files scanned through `.metadata` items
 
     # --- files and directories ---------------------------------------------------------------------------------
 
@@ -149,8 +152,14 @@ class _Scan(ContainerScan):
             if "/" in name and ".." not in name.split("/"):
                 self.data_file(path / name, rel, label, prefix, name, items[name])
 
-    def open_regular(self, p: Path) -> IO[bytes] | None:
-        """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one."""
+    def open_regular(self, p: Path, window: Window | None = None) -> IO[bytes] | None:
+        """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one.
+        An object (object storage) opens as a ranged reader of the `window` ranges."""
+        if isinstance(p, ObjectPath):
+            try:
+                return open_file(p, window)
+            except OSError:
+                return None
         try:
             fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except OSError:
@@ -171,7 +180,7 @@ class _Scan(ContainerScan):
         if f is None:
             return None
         with f:
-            size = os.fstat(f.fileno()).st_size
+            size = file_size(f)
             where = Where(label, subject, _join_rel(rel, p.name), 0, size, code)
             if size > MAX_PICKLE_BYTES:
                 self.bound(where, f"pickle of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
@@ -192,7 +201,7 @@ class _Scan(ContainerScan):
         if f is None:
             return
         with f:
-            size = os.fstat(f.fileno()).st_size
+            size = file_size(f)
             where = Where(label, subject, _join_rel(rel, p.name), 0, size, "CK206")
             try:
                 self.container(f, where)
@@ -203,14 +212,14 @@ class _Scan(ContainerScan):
                   items: list[tuple[str, StoredItem]], gaps: bool = True) -> None:
         """A `.distcp`: every stored item `.metadata` places in it, then (`gaps`) the bytes no item covers."""
         file_rel = _join_rel(rel, name)
-        f = self.open_regular(p)
+        f = self.open_regular(p, None if gaps else [(it.offset, it.length) for _, it in items])
         if f is not None:
-            st = os.fstat(f.fileno())
-            if not items and (st.st_dev, st.st_ino) in self.located:
+            ident = file_identity(f)
+            if not items and ident in self.located:
                 f.close()  # already scanned through the items a `.metadata` places in it
                 return
             if items:
-                self.located.add((st.st_dev, st.st_ino))
+                self.located.add(ident)
         if f is None:
             if items:
                 where = Where(label, prefix + name, file_rel, 0, 0, "CK201")
@@ -218,7 +227,7 @@ class _Scan(ContainerScan):
                                     "regular file: its items were not scanned", "CK201")
             return
         with f:
-            size = os.fstat(f.fileno()).st_size
+            size = file_size(f)
             covered: list[tuple[int, int]] = []
             for key, item in sorted(items, key=lambda x: (x[1].offset, x[0])):
                 where = Where(label, key, file_rel, item.offset, item.length, "CK205", in_file=True)

@@ -16,6 +16,7 @@ from ckptinspect.checks import CheckContext
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import read_item_archive
+from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format, StoredItem, dtype_size
 
 MAX_LISTED = 5
@@ -60,7 +61,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     for i, name in enumerate(names):
         size = sizes.get(name)
         if size is None:
-            size = _size_outside_listing(Path(ckpt.path), name)
+            size = _size_outside_listing(location(ckpt.path), name)
         if size is None:
             first = int(np.argmax(f_arr == i))
             yield Finding("CK201", f"{name}: named by .metadata for {int(counts[i])} item(s) but does not exist",
@@ -108,7 +109,7 @@ def _size_outside_listing(root: Path, name: str) -> int | None:
 
 
 def _deep(ckpt: Checkpoint, ctx: CheckContext, sizes: dict[str, int | None]) -> Iterator[Finding]:
-    root = Path(ckpt.path)
+    root = location(ckpt.path)
     items = [x for x in _items(ckpt) if sizes.get(x[1].file) is not None and x[1].end <= (sizes[x[1].file] or 0)]
     total = sum(i[1].length for i in items)
     bad = 0

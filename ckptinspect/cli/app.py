@@ -66,13 +66,12 @@ def _root(
     = None,
 ) -> None:
     """ckptinspect: is this checkpoint whole, and what will a resume restore?"""
-    if storage_option:
-        from ckptinspect.storage.session import configure, nest, parse_option
+    from ckptinspect.storage.session import nest, parse_option, reset
 
-        try:
-            configure(nest([parse_option(o) for o in storage_option]))
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--storage-option") from e
+    try:
+        reset(nest([parse_option(o) for o in storage_option or ()]))
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--storage-option") from e
 
 
 @app.command()

@@ -12,19 +12,23 @@ import errno
 import io
 import os
 import stat
+from collections.abc import Sequence
 from typing import IO, Any, BinaryIO, cast
 
 from ckptinspect.storage.objpath import ObjectPath
 
 
-def open_regular(path: str | os.PathLike[str], window: tuple[int, int] | None = None) -> BinaryIO:
+Window = tuple[int, int] | Sequence[tuple[int, int]]
+
+
+def open_regular(path: str | os.PathLike[str], window: Window | None = None) -> BinaryIO:
     """Open a regular file for binary reading (symlinks followed). Raises `OSError` for anything else.
 
-    `window` (offset, length): the part the caller will read (one stored item); an object-storage reader never
-    prefetches past it. Local files ignore it.
+    `window`: the (offset, length) range(s) the caller will read (stored items); an object-storage reader
+    coalesces them and never prefetches past them. Local files ignore it.
     """
     if isinstance(path, ObjectPath):
-        return cast(BinaryIO, io.BufferedReader(path.open_reader(window), buffer_size=1 << 20))
+        return cast(BinaryIO, path.open_reader(window))
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -45,6 +49,15 @@ def file_size(f: IO[bytes]) -> int:
         end = f.seek(0, os.SEEK_END)
         f.seek(here)
         return end
+
+
+def file_identity(f: IO[bytes]) -> tuple[int, int] | str:
+    """What makes two open files the same file: (device, inode) locally, the URL for an object."""
+    try:
+        st = os.fstat(f.fileno())
+    except io.UnsupportedOperation:
+        return str(getattr(f, "name", id(f)))
+    return st.st_dev, st.st_ino
 
 
 def read_small(path: str | os.PathLike[str], limit: int) -> bytes:

@@ -32,6 +32,18 @@ def _etag(entry: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _merge(into: dict[str, Any], options: Mapping[str, Any]) -> None:
+    """Deep-merge `options` into `into`: ``config_kwargs.read_timeout=5`` keeps the other ``config_kwargs``."""
+    for k, v in options.items():
+        cur = into.get(k)
+        if isinstance(cur, dict) and isinstance(v, Mapping):
+            merged = dict(cur)
+            _merge(merged, v)
+            into[k] = merged
+        else:
+            into[k] = v
+
+
 class FsspecBackend:
     """One bucket (s3, gs) or container (az, abfs) through an fsspec filesystem."""
 
@@ -43,7 +55,7 @@ class FsspecBackend:
         if scheme is Scheme.S3:
             config = {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 10, "read_timeout": 60}
             kwargs.update(config_kwargs=config)
-        kwargs.update(options)
+        _merge(kwargs, options)
         self.fs: Any = fsspec.filesystem(_PROTOCOL[scheme], **kwargs)
         if scheme is Scheme.S3:
             self.fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt, `retry.call` retries

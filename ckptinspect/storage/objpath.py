@@ -14,9 +14,10 @@ silently reading a local file of that name.
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import PosixPath
 from typing import Any
 
@@ -28,6 +29,7 @@ WHOLE_OBJECT_BYTES = 8 << 20  # objects (or windows) up to this size are fetched
 FIRST_BLOCK = 1 << 20  # a large object's first read fetches this much; each sequential read ×4 ...
 MAX_BLOCK = 32 << 20  # ... up to this block: memory stays bounded whatever the object size
 RANDOM_BLOCK = 256 << 10  # a read after a seek elsewhere fetches at least this much
+COALESCE_GAP = 64 << 10  # windows this close are read with one GET (the gap's bytes cost less than a request)
 
 
 class ObjectPath(PosixPath):
@@ -109,29 +111,56 @@ class ObjectPath(PosixPath):
             for d in sorted(listing.dirs):
                 yield from self._walk(f"{rel}/{d}" if rel else d, recursive, depth + 1, max_depth)
 
-    def open_reader(self, window: tuple[int, int] | None = None) -> ObjectReader:
-        """A seekable reader of the whole object; `window` (offset, length) bounds what reads may prefetch."""
+    def open_reader(self, window: Sequence[tuple[int, int]] | tuple[int, int] | None = None) -> ObjectReader:
+        """A seekable reader of the whole object. `window`: the (offset, length) range(s) the caller will read;
+        reads inside them are coalesced and never prefetch past them (None: the whole object is one window)."""
         info = self.object_info()
         if info is None:
             raise ObjectMissing(f"{self.url}: no such object", self.key)
-        lo, hi = (0, info.size) if window is None else (max(0, window[0]), max(0, window[0] + window[1]))
-        return ObjectReader(self.store, self.key, info, lo, min(hi, info.size))
+        if window is None:
+            ranges = [(0, info.size)]
+        elif isinstance(window, tuple) and len(window) == 2 and isinstance(window[0], int):
+            ranges = [(window[0], window[0] + window[1])]
+        else:
+            ranges = [(int(o), int(o) + int(n)) for o, n in window]
+        return ObjectReader(self.store, self.key, info, coalesce(ranges, info.size))
+
+
+def coalesce(ranges: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """Sorted, clipped [lo, hi) ranges, neighbours closer than `COALESCE_GAP` merged (one GET instead of two, at
+    the price of the gap's bytes) while a merged range stays within `MAX_BLOCK`."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted((max(0, lo), min(size, hi)) for lo, hi in ranges):
+        if hi <= lo:
+            continue
+        if out and lo - out[-1][1] <= COALESCE_GAP and max(hi, out[-1][1]) - out[-1][0] <= MAX_BLOCK:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        elif out and lo < out[-1][1]:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 class ObjectReader(io.RawIOBase):
     """Read-only, seekable file over one object; reads are ranged GETs checked against the listing (size, ETag).
 
-    Positions are object offsets, `size` the listed size. Reads inside the window [lo, hi) are coalesced into
-    blocks that never cross the window's end (a stored item's bytes, not the tensor data after it); a read
-    outside the window fetches exactly what it asks for.
+    Reads return what was asked for (like a buffered file; `peek` and `readline` work from the buffer), so callers
+    use it directly: a `BufferedReader` on top would ask for a whole buffer past the window's end.
+
+    Positions are object offsets, `size` the listed size. A read inside one of the windows is served by one GET of
+    the whole window when it is small, else by blocks that grow on sequential reads and never cross the window's
+    end (a stored item's bytes, not the tensor data after it). A read outside every window fetches exactly what it
+    asks for.
     """
 
-    def __init__(self, store: Store, key: str, info: ObjectInfo, lo: int, hi: int) -> None:
+    def __init__(self, store: Store, key: str, info: ObjectInfo, windows: list[tuple[int, int]]) -> None:
         super().__init__()
         self._store = store
         self._key = key
         self._info = info
-        self._lo, self._hi = lo, max(lo, hi)
+        self._windows = windows
+        self._starts = [w[0] for w in windows]
         self.size = info.size
         self._pos = 0
         self._buf = b""
@@ -156,15 +185,17 @@ class ObjectReader(io.RawIOBase):
     def _range(self, want: int) -> tuple[int, int]:
         """The object range to fetch so that [pos, pos+want) is buffered."""
         pos, end = self._pos, min(self.size, self._pos + want)
-        if not (self._lo <= pos < self._hi):
+        i = bisect.bisect_right(self._starts, pos) - 1
+        if i < 0 or pos >= self._windows[i][1]:
             return pos, end
-        if self._hi - self._lo <= WHOLE_OBJECT_BYTES:
-            return self._lo, max(self._hi, end)
+        lo, hi = self._windows[i]
+        if hi - lo <= WHOLE_OBJECT_BYTES:
+            return lo, hi
         if self._buf and pos == self._buf_at + len(self._buf):
             self._block = min(MAX_BLOCK, self._block * 4)
         elif self._buf:
             self._block = RANDOM_BLOCK
-        return pos, max(end, min(self._hi, pos + self._block))
+        return pos, min(hi, max(end, pos + self._block))
 
     def _fill(self, want: int) -> None:
         if self._buf_at <= self._pos and self._pos + want <= self._buf_at + len(self._buf):
@@ -191,6 +222,13 @@ class ObjectReader(io.RawIOBase):
             self._pos += len(chunk)
             n -= len(chunk)
         return bytes(out)
+
+    def peek(self, size: int = 0) -> bytes:
+        """The buffered bytes from the current position (at least one unless at the end), without moving."""
+        if self._pos >= self.size:
+            return b""
+        self._fill(max(1, size))
+        return self._buf[self._pos - self._buf_at:]
 
     def readinto(self, b: Any) -> int:
         data = self.read(len(b))

@@ -126,7 +126,7 @@ class Store:
                 return hit[1]
         stats = self._session.stats
         try:
-            data = retry.call(self.backend, stats, "get", key,
+            data = retry.call(self.backend, stats, "get", f"{key} [{start}, {end})",
                               lambda: self.backend.read(key, start, end, info.etag))
             stats.received(len(data))
             if len(data) != end - start:
@@ -224,9 +224,12 @@ def session() -> Session:
     return _SESSION
 
 
-def configure(options: Mapping[str, Any]) -> None:
-    """Set fsspec storage options for every store opened later in this process."""
-    _SESSION.options.update(options)
+def reset(options: Mapping[str, Any] | None = None) -> Session:
+    """Start a fresh session (one per CLI invocation): no cached listings, zeroed counters, these options."""
+    global _SESSION
+    _SESSION = Session()
+    _SESSION.options.update(options or {})
+    return _SESSION
 
 
 def parse_option(text: str) -> tuple[str, Any]:
