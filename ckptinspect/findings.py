@@ -1,6 +1,6 @@
 """Findings: the values every check produces, the stable code table, and status arithmetic.
 
-The code table mirrors `CONTRACT.md` ("Finding codes"): codes are stable, never reused. A finding's severity and the
+The code table mirrors `docs/contract.md` ("Finding codes"): codes are stable, never reused. A finding's severity and the
 checkpoint status it implies come from the table, so a check only says *which* code and *what about*.
 """
 
@@ -28,7 +28,7 @@ _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
 
 
 class Status(enum.Enum):
-    """Status of a checkpoint or save dir (CONTRACT.md "Status of a checkpoint")."""
+    """Status of a checkpoint or save dir (docs/contract.md "Status of a checkpoint")."""
 
     COMPLETE = "complete"
     INCOMPLETE = "incomplete"

@@ -1,4 +1,4 @@
-"""Tests of `ckptinspect.manifest` and `ckptinspect.checks.integrity` on a real Megatron-Core 0.19.2 checkpoint.
+"""Tests of `ckptinspect.capabilities.manifest.manifest` and `ckptinspect.checks.integrity` on a real Megatron-Core 0.19.2 checkpoint.
 
 The fixture (written by megatron-core 0.19.2 with `--verify-integrity`) is copied to `tmp_path` for every negative
 case; the read-only original is only ever verified, and is checked to be byte-identical afterwards.
@@ -21,16 +21,14 @@ from ckptinspect.checks import CheckContext
 from ckptinspect.checks import integrity
 from ckptinspect.errors import ReadError, UsageError
 from ckptinspect.findings import CODES, Severity, Status
-from ckptinspect.manifest import (
+from ckptinspect.capabilities.manifest.manifest import (
     EMPTY_SHA256,
-    ManifestReport,
     manifest_is_stale,
-    merge_reports,
     shard_of,
-    sizes_from_report,
     verify_manifest,
     write_manifest,
 )
+from ckptinspect.capabilities.manifest.report import ManifestReport, merge_reports, sizes_from_report
 from ckptinspect.model import Checkpoint, Format
 
 FIXTURE = Path("/work/shared/fixtures/mcore-0.19.2/iter_0000400")

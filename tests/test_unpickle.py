@@ -1,4 +1,4 @@
-"""Tests of the allowlisting unpickler (`formats/_unpickle.py`) and the opcode walker (`formats/_pickle_scan.py`).
+"""Tests of the allowlisting unpickler (`pickling/unpickle.py`) and the opcode walker (`pickling/walk.py`).
 
 Both read the same corpus of hostile pickles — every protocol, GLOBAL / STACK_GLOBAL fed from the memo / INST /
 OBJ / EXT, nested in containers, concatenated, inside a torch zip archive — and must (1) never run anything (a
@@ -29,11 +29,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptinspect.errors import LimitExceeded, ReadError
-from ckptinspect.formats._globals import GlobalClass
-from ckptinspect.formats._pickle_scan import DYNAMIC_GLOBAL, walk_pickle
-from ckptinspect.formats._plain import to_plain
-from ckptinspect.formats._unpickle import MAX_NESTING, Opaque, PickleReport, load_pickle
-from ckptinspect.formats.torch_archive import read_torch_archive
+from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.pickling.walk import DYNAMIC_GLOBAL, walk_pickle
+from ckptinspect.pickling.plain import to_plain
+from ckptinspect.pickling.unpickle import MAX_NESTING, Opaque, PickleReport, load_pickle
+from ckptinspect.pickling.torch_archive import read_torch_archive
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 
 REPO = Path(__file__).resolve().parents[1]
@@ -344,7 +344,7 @@ def test_giant_memo_index_does_not_blow_up_the_unpickler() -> None:
     code = textwrap.dedent("""
         import resource, sys
         from ckptinspect.errors import ReadError
-        from ckptinspect.formats._unpickle import PickleReport, load_pickle
+        from ckptinspect.pickling.unpickle import PickleReport, load_pickle
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         try:
             load_pickle(b"\\x80\\x04K\\x01r\\x00\\x00\\x00\\x02.", PickleReport())

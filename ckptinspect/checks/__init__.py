@@ -13,9 +13,7 @@ from pathlib import Path
 
 from ckptinspect.findings import Finding
 from ckptinspect.model import Checkpoint
-
-# progress(advance_bytes, total_bytes, description): called by long-running checks (`--deep`, hashing).
-ProgressHook = Callable[[int, int, str], None]
+from ckptinspect.progress import ProgressHook
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Integrity check: verify the checkpoint's SHA-256 manifest (`integrity.json`, or `--manifest FILE`).
 
-A thin adapter over `ckptinspect.manifest.verify_manifest` for `audit`: findings CK400–CK404. Only checkpoint dirs
+A thin adapter over `ckptinspect.capabilities.manifest.manifest.verify_manifest` for `audit`: findings CK400–CK404. Only checkpoint dirs
 have a manifest (Megatron-Core ≥0.17.1 writes `integrity.json` next to `.metadata`); a checkpoint that is a single
 file yields nothing.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
-from ckptinspect.manifest import verify_manifest
+from ckptinspect.capabilities.manifest.manifest import verify_manifest
 from ckptinspect.model import Checkpoint
 from ckptinspect.storage import location
 

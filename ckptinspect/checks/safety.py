@@ -16,7 +16,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats.torch_dist import COMMON_STATE_KEY
 from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.scan import scan_stored_items, stored_items
+from ckptinspect.capabilities.scan.scan import scan_stored_items, stored_items
 
 MAX_ITEMS = 20_000
 

@@ -107,7 +107,7 @@ def ls_cmd(
     """Every iteration dir: format, status, size, file count, which one the tracker names."""
 
     def body() -> int:
-        from ckptinspect.audit import list_save_dir
+        from ckptinspect.capabilities.audit.audit import list_save_dir
 
         only(output, (Output.TEXT, Output.JSON))
         listing = list_save_dir(path, str(path))
@@ -135,7 +135,7 @@ def info(
     """Summary (format, iteration, topology, optimizer sharding, bytes) and the tensor / object table."""
 
     def body() -> int:
-        from ckptinspect.summary import summarize
+        from ckptinspect.capabilities.audit.summary import summarize
 
         only(output, (Output.TEXT, Output.JSON))
         ckpt = _read_one(path)
@@ -172,8 +172,8 @@ def audit(
     """Run every check; print the verdict; exit 1 on findings at or above --fail-on."""
 
     def body() -> int:
-        from ckptinspect.audit import AuditOptions
-        from ckptinspect.audit import audit as do_audit
+        from ckptinspect.capabilities.audit.audit import AuditOptions
+        from ckptinspect.capabilities.audit.audit import audit as do_audit
         from ckptinspect.checks import CheckContext
 
         if manifest is not None and not manifest.exists():
@@ -232,7 +232,7 @@ def coverage(
         findings = list(ckpt.findings) + [f for c in covs for f in findings_for(c, label)]
         picture = None
         if len(tensors) == 1:
-            from ckptinspect.picture import chunk_picture
+            from ckptinspect.capabilities.coverage.picture import chunk_picture
 
             picture = chunk_picture(tensors[0])
             if svg is not None:
@@ -276,7 +276,7 @@ def diff(
     """Args diff (classified, blocking or not) and tensor diff (keys, shapes, dtypes, layouts; values)."""
 
     def body() -> int:
-        from ckptinspect.diff import diff_paths
+        from ckptinspect.capabilities.diff.diff import diff_paths
 
         only(output, (Output.TEXT, Output.JSON))
         with progress_bar(output is Output.TEXT and values, "values") as hook:
@@ -315,7 +315,7 @@ def resume(
     """Predict what a resume with that topology and those flags restores, drops, or fails on."""
 
     def body() -> int:
-        from ckptinspect.resume import ResumeTarget, Verdict, predict_resume
+        from ckptinspect.capabilities.resume import ResumeTarget, Verdict, predict_resume
 
         only(output, (Output.TEXT, Output.JSON))
         ckpt = _read_one(path)

@@ -50,7 +50,7 @@ def manifest_verify(
 
     def body() -> int:
         from ckptinspect.formats.resolve import resolve_checkpoint
-        from ckptinspect.manifest import verify_manifest
+        from ckptinspect.capabilities.manifest.manifest import verify_manifest
 
         only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
         ckpt_path, label = resolve_checkpoint(path, str(path))
@@ -76,7 +76,7 @@ def manifest_merge(
     """Combine the JSON reports of sharded verifications into one verdict."""
 
     def body() -> int:
-        from ckptinspect.manifest import merge_reports
+        from ckptinspect.capabilities.manifest.report import merge_reports
 
         only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
         docs = []
@@ -108,7 +108,7 @@ def manifest_write(
 
     def body() -> int:
         from ckptinspect.formats.resolve import resolve_checkpoint
-        from ckptinspect.manifest import write_manifest
+        from ckptinspect.capabilities.manifest.manifest import write_manifest
 
         only(output, (Output.TEXT, Output.JSON))
         ckpt_path, label = resolve_checkpoint(path, str(path))
@@ -140,7 +140,7 @@ def _parse_shard(shard: str | None) -> tuple[int, int] | None:
 
 
 def _emit_manifest_report(command: str, report: object, output: Output) -> None:
-    from ckptinspect.manifest import ManifestReport
+    from ckptinspect.capabilities.manifest.report import ManifestReport
 
     assert isinstance(report, ManifestReport)
     if output is Output.JSON:

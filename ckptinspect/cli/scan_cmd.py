@@ -1,6 +1,6 @@
 """`ckptinspect scan PATH`: the pickle-safety scan command (`register(app)` adds it to the typer app).
 
-Thin shell over `ckptinspect.scan.scan_path`: parse options, scan, render (text / json / markdown / junit), exit code
+Thin shell over `ckptinspect.capabilities.scan.scan.scan_path`: parse options, scan, render (text / json / markdown / junit), exit code
 from `--fail-on`. The text and markdown renderings live here because they are this command's alone.
 """
 
@@ -28,7 +28,7 @@ from ckptinspect.cli.shell import (
     guarded,
     usage_exit,
 )
-from ckptinspect.scan import ScanReport
+from ckptinspect.capabilities.scan.scan import ScanReport
 
 MAX_ROWS = 100
 
@@ -49,7 +49,7 @@ def scan(
     """Pickle-safety scan of every pickle the checkpoint holds (.metadata, common.pt, .distcp items, .pt files)."""
 
     def body() -> int:
-        from ckptinspect.scan import scan_path
+        from ckptinspect.capabilities.scan.scan import scan_path
 
         if not (path.exists() or path.is_symlink()):
             usage_exit(f"{path}: no such file or directory")

@@ -14,7 +14,7 @@ from typing import Annotated, NoReturn, TypeVar
 import typer
 from rich.console import Console, RenderableType
 
-from ckptinspect.checks import ProgressHook
+from ckptinspect.progress import ProgressHook
 from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
 from ckptinspect.findings import Finding, Severity, exceeds
 
@@ -92,7 +92,7 @@ T = TypeVar("T")
 
 
 def guarded(debug: bool, body: Callable[[], int], json_command: str | None = None) -> NoReturn:
-    """Run a command body; map its outcome to the exit codes of CONTRACT.md (the one error table).
+    """Run a command body; map its outcome to the exit codes of docs/contract.md (the one error table).
 
     `json_command`: the command's name when it writes JSON, so a broken save dir still yields a JSON document.
     """

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._globals import GlobalClass
-from ckptinspect.formats._io import file_size, open_regular
-from ckptinspect.formats._unpickle import PickleReport
-from ckptinspect.formats.torch_archive import TorchArchive, read_torch_archive
+from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.safeio import file_size, open_regular
+from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_archive
 from ckptinspect.model import FileInfo, StoredItem
 from ckptinspect.storage.objpath import ObjectPath
 

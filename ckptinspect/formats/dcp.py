@@ -12,8 +12,8 @@ from pathlib import Path
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
-from ckptinspect.formats._io import file_size, open_regular
-from ckptinspect.formats._unpickle import MAX_PICKLE_BYTES, PickleReport
+from ckptinspect.safeio import file_size, open_regular
+from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport
 from ckptinspect.formats.dcp_metadata import DcpMetadata, read_dcp_metadata
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
 

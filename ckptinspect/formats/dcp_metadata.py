@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ckptinspect.errors import ReadError
-from ckptinspect.formats._unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
+from ckptinspect.pickling.unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 
 _SHARD_KEY = re.compile(r"^(?P<family>.*)/shard_(?P<offset>-?\d+(?:\.-?\d+)*)_(?P<shape>-?\d+(?:\.-?\d+)*)$")

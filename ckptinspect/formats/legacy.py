@@ -17,9 +17,9 @@ from typing import Any
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
-from ckptinspect.formats._plain import to_plain, walk_tensors
-from ckptinspect.formats._builders import TensorRef
-from ckptinspect.formats.torch_archive import TorchArchive, read_torch_file
+from ckptinspect.pickling.plain import to_plain, walk_tensors
+from ckptinspect.pickling.builders import TensorRef
+from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_file
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptinspect.formats._io import open_regular
+from ckptinspect.safeio import open_regular
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MAX_TRACKER_BYTES = 4096

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
-from ckptinspect.formats._io import read_small
+from ckptinspect.safeio import read_small
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.formats.legacy import is_legacy_dir
 from ckptinspect.formats.savedir import TRACKER, looks_like_save_dir

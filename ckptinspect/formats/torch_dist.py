@@ -17,9 +17,9 @@ from typing import Any
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import pickle_findings, read_item_archive
-from ckptinspect.formats._io import read_small
-from ckptinspect.formats._plain import to_plain
-from ckptinspect.formats.torch_archive import read_torch_file
+from ckptinspect.safeio import read_small
+from ckptinspect.pickling.plain import to_plain
+from ckptinspect.pickling.torch_archive import read_torch_file
 from ckptinspect.formats.dcp import read_dcp_dir
 from ckptinspect.formats.dcp_metadata import DcpMetadata
 from ckptinspect.formats.topology import topology_from

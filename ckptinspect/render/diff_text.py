@@ -11,7 +11,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ckptinspect.diff import ArgDiff, Change, DiffResult, KeyDiff, What
+from ckptinspect.capabilities.diff.args import ArgDiff
+from ckptinspect.capabilities.diff.diff import Change, DiffResult, KeyDiff, What
 
 
 def render_diff(r: DiffResult, max_rows: int = 200) -> RenderableType:

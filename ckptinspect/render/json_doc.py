@@ -1,4 +1,4 @@
-"""JSON documents of every command (CONTRACT.md "JSON output"): plain dicts with the envelope keys."""
+"""JSON documents of every command (docs/contract.md "JSON output"): plain dicts with the envelope keys."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from ckptinspect import __version__
 from ckptinspect.findings import Finding
 
 if TYPE_CHECKING:  # type-only: `info` / `sniff` must not import the checks
-    from ckptinspect.audit import AuditReport, Listing
+    from ckptinspect.capabilities.audit.audit import AuditReport, Listing
     from ckptinspect.model import Checkpoint
-    from ckptinspect.summary import Summary
+    from ckptinspect.capabilities.audit.summary import Summary
 
 SCHEMA_VERSION = 1
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckptinspect.audit import AuditReport
+from ckptinspect.capabilities.audit.audit import AuditReport
 from ckptinspect.findings import CODES, Severity
 from ckptinspect.render.text import human_bytes
 

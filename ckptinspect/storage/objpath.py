@@ -1,7 +1,7 @@
 """`ObjectPath`: an object-storage location that the readers use as a `pathlib.Path`, and its ranged reader.
 
 The readers ask a checkpoint dir the questions of a local disk (`exists`, `is_file`, `is_dir`, `iterdir`, `/`,
-`name`, `parent`) and open files through `formats._io.open_regular`. An `ObjectPath` answers the questions from one
+`name`, `parent`) and open files through `safeio.open_regular`. An `ObjectPath` answers the questions from one
 cached listing per prefix (sizes and ETags included), and opens objects as an `ObjectReader`: a seekable, read-only
 file whose reads are ranged GETs, never past the window asked for (one stored item inside a ``.distcp``), coalesced
 into growing blocks for sequential reads (a ``.metadata`` pickle) and fetched whole when small (``common.pt``).

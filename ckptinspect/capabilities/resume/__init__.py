@@ -18,14 +18,14 @@ layouts, divisibility problems) → `conditions` (one test per rule) → `rules`
 
 from __future__ import annotations
 
-from ckptinspect.resume.conditions import DISTOPT_TYPES, FULLY_RESHARDABLE
-from ckptinspect.resume.facts import VOCAB_FILE_TOKENIZERS
-from ckptinspect.resume.model import (
+from ckptinspect.capabilities.resume.conditions import DISTOPT_TYPES, FULLY_RESHARDABLE
+from ckptinspect.capabilities.resume.facts import VOCAB_FILE_TOKENIZERS
+from ckptinspect.capabilities.resume.model import (
     SOURCES, Component, ComponentPrediction, Layout, Outcome, ResumePrediction, ResumeTarget, RuleResult, Verdict,
     VocabCandidate, VocabPrediction, verdict_of,
 )
-from ckptinspect.resume.predict import predict_resume
-from ckptinspect.resume.rules import RULES, Rule
+from ckptinspect.capabilities.resume.predict import predict_resume
+from ckptinspect.capabilities.resume.rules import RULES, Rule
 
 __all__ = [
     "DISTOPT_TYPES", "FULLY_RESHARDABLE", "RULES", "SOURCES", "VOCAB_FILE_TOKENIZERS", "Component",

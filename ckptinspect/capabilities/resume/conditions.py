@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ckptinspect.resume.facts import _Facts
-from ckptinspect.resume.model import _int
+from ckptinspect.capabilities.resume.facts import _Facts
+from ckptinspect.capabilities.resume.model import _int
 
 # DistributedOptimizer.checkpoint_fully_reshardable_formats, [mc] distrib_optimizer.py:105-109
 FULLY_RESHARDABLE = frozenset({"fully_reshardable", "fully_sharded_model_space", "fsdp_dtensor"})

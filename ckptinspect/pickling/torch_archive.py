@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
-from ckptinspect.formats._io import FileSlice, open_regular
-from ckptinspect.formats._unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error
+from ckptinspect.safeio import FileSlice, open_regular
+from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error
 
 @dataclass(frozen=True, slots=True)
 class ArchiveRecord:

@@ -14,7 +14,7 @@ from typing import Any
 
 
 class Outcome(enum.Enum):
-    """What a resume does with one component (CONTRACT.md `resume` outcomes)."""
+    """What a resume does with one component (docs/contract.md `resume` outcomes)."""
 
     LOADED = "loaded"
     RESHARDED = "resharded"
@@ -181,7 +181,7 @@ class ResumePrediction:
 
 
 def verdict_of(outcomes: Mapping[Component, ComponentPrediction]) -> Verdict:
-    """`fails` if any component fails, else `lossy` if any is dropped, else `ok` (CONTRACT.md)."""
+    """`fails` if any component fails, else `lossy` if any is dropped, else `ok` (docs/contract.md)."""
     values = {p.outcome for p in outcomes.values()}
     if Outcome.FAILS in values:
         return Verdict.FAILS

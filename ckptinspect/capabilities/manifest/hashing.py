@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ckptinspect.checks import ProgressHook
+from ckptinspect.progress import ProgressHook
 from ckptinspect.storage.objpath import ObjectPath
 
 ALGORITHM = "sha256"  # the manifest's `algorithm`: the only one hashed here

@@ -1,7 +1,7 @@
 """`diff`: compare two checkpoints — training args, checkpoint facts, tensor keys/shapes/dtypes/chunk layouts,
 sharded-object families, and (with `values=True`) tensor contents.
 
-What is *blocking* (CONTRACT.md "diff"): a difference that breaks a resume or a like-for-like comparison — the args
+What is *blocking* (docs/contract.md "diff"): a difference that breaks a resume or a like-for-like comparison — the args
 Megatron's `check_checkpoint_args` asserts on (megatron/training/checkpointing.py), the architecture args
 `load_args_from_checkpoint` copies from a checkpoint, and any tensor key/shape/dtype change. Progress counters,
 runtime paths, parallel sizes (torch_dist reshards), chunk layouts and object grids are reported, never blocking.
@@ -11,7 +11,7 @@ torch_dcp, fsdp_dtensor) among themselves, and legacy `torch` with legacy `torch
 and a global checkpoint the keys and shapes mean different things (per-rank local tensors vs global tensors); the
 result says so in `notes` instead of listing every key on both sides.
 
-The args tables, `categorize`, `diff_args` and `diff_meta` live in `diff_args.py`.
+The args tables, `categorize`, `diff_args` and `diff_meta` live in `args.py`.
 """
 
 from __future__ import annotations
@@ -26,20 +26,8 @@ from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.errors import ReadError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor
-from ckptinspect.values import ChunkSource, ValueComparison, compare_tensor_values, supported
-# The args half lives in diff_args.py; re-exported so `from ckptinspect.diff import ...` keeps working.
-from ckptinspect.diff_args import (  # noqa: F401 - re-exports
-    ARCHITECTURE_BLOCKING as ARCHITECTURE_BLOCKING,
-    BLOCKING_ARGS as BLOCKING_ARGS,
-    CHECK_DEFAULTS as CHECK_DEFAULTS,
-    CHECKED as CHECKED,
-    CHECKED_NO_DEFAULT as CHECKED_NO_DEFAULT,
-    ArgDiff as ArgDiff,
-    Category as Category,
-    categorize as categorize,
-    diff_args as diff_args,
-    diff_meta as diff_meta,
-)
+from ckptinspect.capabilities.diff.values import ChunkSource, ValueComparison, compare_tensor_values, supported
+from ckptinspect.capabilities.diff.args import ArgDiff, categorize, diff_args, diff_meta
 
 Progress = Callable[[int, int, str], None]
 """`progress(advance, total, description)`: `advance` bytes of A's chunks done out of `total`."""

@@ -5,7 +5,7 @@ A container is a raw pickle or a `torch.save` zip archive: a whole file, or a st
 (nested, bounded depth). The bytes of a data file no stored item covers are split at their zip end records and the
 candidates opened as archives. Every pickle walked becomes a `PickleScan` plus its findings (CK601 dangerous, CK602
 outside the allowlist, CK603 beyond the bounds, or the location's code when it cannot be walked). Nothing is
-unpickled: pickles go through `_pickle_scan.walk_pickle` only.
+unpickled: pickles go through `pickling.walk.walk_pickle` only.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.findings import Finding
-from ckptinspect.formats._globals import GlobalClass
-from ckptinspect.formats._pickle_scan import PickleWalk, is_pickle_start, walk_pickle
-from ckptinspect.formats._io import FileSlice
-from ckptinspect.formats._unpickle import MAX_ARCHIVE_PICKLE_BYTES, MAX_PICKLE_BYTES
+from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.pickling.walk import PickleWalk, is_pickle_start, walk_pickle
+from ckptinspect.safeio import FileSlice
+from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, MAX_PICKLE_BYTES
 
 MAX_NESTED = 3  # zip archives inside zip archives
 MAX_MEMBERS = 100_000  # members of one archive

@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ckptinspect.resume.conditions import (
+from ckptinspect.capabilities.resume.conditions import (
     _i_finetune, _i_load, _i_missing, _i_release, _loaded, _m_args, _m_legacy_split, _m_load, _m_reshard,
     _m_topology, _m_unreadable, _m_vocab, _m_vocab_unknown, _o_absent, _o_dp, _o_ep_fixed, _o_flattened,
     _o_legacy_missing, _o_legacy_split, _o_missing, _o_reshard, _o_skip, _o_split_fixed, _r_absent, _r_dp_init,
     _r_legacy_split, _r_load, _r_missing, _r_skip, _r_split, _release, _s_absent, _s_load, _s_missing, _s_skip,
     _x_absent, _x_changed, _x_finetune, _x_idle,
 )
-from ckptinspect.resume.facts import _Facts
-from ckptinspect.resume.model import Component, ComponentPrediction, Outcome, RuleResult
+from ckptinspect.capabilities.resume.facts import _Facts
+from ckptinspect.capabilities.resume.model import Component, ComponentPrediction, Outcome, RuleResult
 
 
 @dataclass(frozen=True, slots=True)

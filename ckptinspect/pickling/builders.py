@@ -2,7 +2,7 @@
 
 `torch._utils._rebuild_tensor_v2` builds a `TensorRef` (dtype, shape, stride, storage key — the bytes are not read),
 `torch.Size` a tuple, torch dtypes a `DType` string, `OrderedDict` a dict. `BUILDERS` maps each allowed function
-global to its builder; `SafeUnpickler` (`_unpickle.py`) hands them out from `find_class`.
+global to its builder; `SafeUnpickler` (`unpickle.py`) hands them out from `find_class`.
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from ckptinspect.errors import UsageError
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.resume.conditions import _m_unreadable
-from ckptinspect.resume.facts import _facts
-from ckptinspect.resume.model import (
+from ckptinspect.capabilities.resume.conditions import _m_unreadable
+from ckptinspect.capabilities.resume.facts import _facts
+from ckptinspect.capabilities.resume.model import (
     Component, ComponentPrediction, Outcome, ResumePrediction, ResumeTarget, RuleResult, verdict_of,
 )
-from ckptinspect.resume.rules import _apply
+from ckptinspect.capabilities.resume.rules import _apply
 
 
 def predict_resume(ckpt: Checkpoint, target: ResumeTarget) -> ResumePrediction:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptinspect.errors import LimitExceeded
-from ckptinspect.formats._builders import DType, StorageRef, StorageType, TensorRef
-from ckptinspect.formats._unpickle import MAX_NESTING, Obj
+from ckptinspect.pickling.builders import DType, StorageRef, StorageType, TensorRef
+from ckptinspect.pickling.unpickle import MAX_NESTING, Obj
 
 @dataclass(frozen=True, slots=True)
 class OpaqueValue:

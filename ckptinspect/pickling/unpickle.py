@@ -8,7 +8,7 @@ globals become `Opaque` placeholders (CK602) and dangerous ones (`os.system`, `e
 flagged dangerous (CK601): calling a placeholder only records its arguments.
 
 torch is never imported. Torch zip archives are opened by `torch_archive.py`, which hands their `data.pkl` to
-`load_pickle` here; `_plain.py` turns the stand-ins into plain data.
+`load_pickle` here; `plain.py` turns the stand-ins into plain data.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
 from ckptinspect.errors import LimitExceeded, ReadError
-from ckptinspect.formats._builders import BUILDERS, DType, StorageRef, StorageType
-from ckptinspect.formats._pickle_scan import walk_pickle
-from ckptinspect.formats._globals import (
+from ckptinspect.pickling.builders import BUILDERS, DType, StorageRef, StorageType
+from ckptinspect.pickling.walk import walk_pickle
+from ckptinspect.pickling.allowlist import (
     TORCH_DTYPES,
     TORCH_STORAGE_DTYPES,
     GlobalClass,
@@ -209,7 +209,7 @@ _FAST_CLASSES = frozenset(
 class SafeUnpickler(pickle.Unpickler):
     """Allowlisting unpickler: nothing from the pickle is ever imported or called.
 
-    1. `find_class` classifies the global (`_globals.classify`), records it in `report`, and returns a data
+    1. `find_class` classifies the global (`allowlist.classify`), records it in `report`, and returns a data
        builder (allowed function), an `Obj` subclass (allowed class), or an `Opaque` placeholder.
     2. `persistent_load` turns torch's `('storage', ...)` ids into `StorageRef`s (the bytes are not read).
     """

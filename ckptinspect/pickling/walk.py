@@ -27,8 +27,8 @@ import copyreg
 import functools
 from dataclasses import dataclass, field
 
-from ckptinspect.formats._globals import GlobalClass, classify
-from ckptinspect.formats._pickle_ops import (  # the opcode table
+from ckptinspect.pickling.allowlist import GlobalClass, classify
+from ckptinspect.pickling.opcodes import (  # the opcode table
     HIGHEST_PROTOCOL,
     VALID_OPCODES,
     _A_FIXED,

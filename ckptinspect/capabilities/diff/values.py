@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ckptinspect.formats._io import open_regular
+from ckptinspect.safeio import open_regular
 from ckptinspect.errors import ReadError
 from ckptinspect.formats._files import read_item_archive
-from ckptinspect.formats._builders import TensorRef
+from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.model import Chunk, Tensor, dtype_size
 
 # Elements per compared slab (a few temporaries of this many elements live at once: ~100 MB at float64).

@@ -1,6 +1,6 @@
 """Classification of pickle globals: allowed, dangerous, or unknown.
 
-Shared by the unpickler (`_unpickle.py`, which never calls any of them) and the opcode scanner (`scan`). The allowlist
+Shared by the unpickler (`unpickle.py`, which never calls any of them) and the opcode scanner (`scan`). The allowlist
 covers what torch DCP `.metadata`, `torch.save` archives, Megatron common state and numpy pickles reference; the
 danger list is what a hostile pickle uses to run code. Everything else is "unknown": kept opaque, reported (CK602).
 """

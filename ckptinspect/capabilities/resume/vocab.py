@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.resume.model import Layout, ResumeTarget, VocabCandidate, VocabPrediction, _int
+from ckptinspect.capabilities.resume.model import Layout, ResumeTarget, VocabCandidate, VocabPrediction, _int
 
 
 def _vocab(ckpt: Checkpoint, a: Mapping[str, Any], src: Layout, t: ResumeTarget) -> VocabPrediction | None:

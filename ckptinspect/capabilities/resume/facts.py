@@ -14,8 +14,8 @@ from typing import Any
 
 from ckptinspect.findings import Severity
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.resume.model import Layout, ResumeTarget, VocabPrediction, _int
-from ckptinspect.resume.vocab import _vocab
+from ckptinspect.capabilities.resume.model import Layout, ResumeTarget, VocabPrediction, _int
+from ckptinspect.capabilities.resume.vocab import _vocab
 
 # build_tokenizer asserts `args.vocab_file is not None` for these [tok], so check_checkpoint_args' vocab branch runs.
 VOCAB_FILE_TOKENIZERS = frozenset({"GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase"})

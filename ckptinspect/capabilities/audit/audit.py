@@ -3,7 +3,7 @@
 A save dir is audited as Megatron would resume from it: the tracked iteration (the newest when there is no tracker)
 is audited fully; every other iteration is classified cheaply (metadata-level checks, no hashing, no deep read)
 unless `all_iterations` asks for full audits. The save dir's status is the picked checkpoint's, worsened by tracker
-findings (CONTRACT.md "Status of a checkpoint").
+findings (docs/contract.md "Status of a checkpoint").
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from ckptinspect.errors import UsageError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of, worst_status
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.savedir import SaveDir, read_save_dir
-from ckptinspect.formats.resolve import resolve_checkpoint as resolve_checkpoint  # re-exported (tests, callers)
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Checkpoint, Kind
-from ckptinspect.summary import Summary, summarize
+from ckptinspect.capabilities.audit.summary import Summary, summarize
 
 CHEAP_SKIP = frozenset({"integrity"})
 

@@ -13,13 +13,13 @@ Where the pickles are (reference §4, §5.1, §6, §7):
 A save dir is scanned whole: every iteration dir, and the files beside them. `latest_checkpointed_iteration.txt`
 is text and never parsed as a pickle.
 
-Each pickle is walked by `_pickle_scan.walk_pickle` (nothing is unpickled, imported or called); its globals are
-classified by `_globals.classify`: dangerous → CK601, outside the allowlist → CK602. A pickle or archive beyond
+Each pickle is walked by `pickling.walk.walk_pickle` (nothing is unpickled, imported or called); its globals are
+classified by `pickling.allowlist.classify`: dangerous → CK601, outside the allowlist → CK602. A pickle or archive beyond
 the resource bounds is CK603; one that cannot be walked (truncated, not an archive) gets the reader's code for that
 location (CK106 `.metadata`, CK205 stored item, CK206 `.pt` file).
 
 This module walks files and directories; walking one container (raw pickle, zip archive, nested archives,
-unreferenced bytes) is `formats/_archives.py`.
+unreferenced bytes) is `archives.py`.
 """
 
 from __future__ import annotations
@@ -34,24 +34,15 @@ from typing import IO, Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of
-from ckptinspect.formats._archives import ContainerScan, Where
-from ckptinspect.formats._io import Window, file_identity, file_size
-from ckptinspect.formats._io import open_regular as open_file
-from ckptinspect.formats._pickle_scan import walk_pickle
-from ckptinspect.formats._unpickle import MAX_PICKLE_BYTES
+from ckptinspect.capabilities.scan.archives import ContainerScan, Where
+from ckptinspect.pickling.walk import walk_pickle
+from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.model import ObjectItem, StoredItem, Tensor
+from ckptinspect.capabilities.scan.archives import PickleScan
+from ckptinspect.safeio import Window, file_identity, file_size
+from ckptinspect.safeio import open_regular as open_file
 from ckptinspect.storage.objpath import ObjectPath
-# Moved to formats/_archives.py; re-exported so `from ckptinspect.scan import ...` keeps working.
-from ckptinspect.formats._archives import (  # noqa: F401 - re-exports
-    MAX_FALLBACK_BYTES as MAX_FALLBACK_BYTES,
-    MAX_MEMBERS as MAX_MEMBERS,
-    MAX_NESTED as MAX_NESTED,
-    MAX_NESTED_BYTES as MAX_NESTED_BYTES,
-    ZIP_END as ZIP_END,
-    ZIP_LOCAL as ZIP_LOCAL,
-    PickleScan as PickleScan,
-)
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_DEPTH = 8  # directory levels below the scanned path

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptinspect._hashing import ALGORITHM
+from ckptinspect.capabilities.manifest.hashing import ALGORITHM
 from ckptinspect.findings import CODES, Finding, Status, status_of
 
 
@@ -60,7 +60,7 @@ class ManifestReport:
     path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The `manifest verify` JSON keys of CONTRACT.md plus extras (`manifest`, `shard`, `files`, ...)."""
+        """The `manifest verify` JSON keys of docs/contract.md plus extras (`manifest`, `shard`, `files`, ...)."""
         return {
             "status": self.status.value,
             "findings": [f.to_dict() for f in self.findings],

@@ -1,7 +1,7 @@
 """The args half of `diff`: which training args Megatron checks on load (the tables), the category of every arg,
 and the classified `ArgDiff` rows for differing args (`diff_args`) and checkpoint-level facts (`diff_meta`).
 
-Blocking args (CONTRACT.md "diff"): the ones Megatron's `check_checkpoint_args` asserts on
+Blocking args (docs/contract.md "diff"): the ones Megatron's `check_checkpoint_args` asserts on
 (megatron/training/checkpointing.py) and the architecture args `load_args_from_checkpoint` copies from a checkpoint.
 """
 

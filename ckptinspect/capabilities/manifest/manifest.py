@@ -11,7 +11,7 @@ being read, and only regular files are opened (a FIFO or device named by the man
 Verification never writes to the checkpoint. Hashing runs on a thread pool (hashlib and `readinto` release the GIL),
 biggest files first, each thread reading into one reused buffer, so memory is bounded by ``workers × 4 MiB``.
 
-The hashing lives in `_hashing.py`; the report types and the merge of shard reports in `manifest_report.py`.
+The hashing lives in `hashing.py`; the report types and the merge of shard reports in `report.py`.
 """
 
 from __future__ import annotations
@@ -27,19 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ckptinspect._hashing import hash_many, stat_entry
-from ckptinspect.checks import ProgressHook
+from ckptinspect.capabilities.manifest.hashing import hash_many, stat_entry
+from ckptinspect.progress import ProgressHook
 from ckptinspect.errors import ReadError, UsageError
 from ckptinspect.findings import CODES, Finding, Status, status_of
 from ckptinspect.storage.objpath import ObjectPath
-# Re-exported so `from ckptinspect.manifest import ...` keeps working after the split.
-from ckptinspect._hashing import ALGORITHM as ALGORITHM, default_workers as default_workers  # noqa: F401
-from ckptinspect.manifest_report import (  # noqa: F401 - re-exports
-    FileResult as FileResult,
-    ManifestReport as ManifestReport,
-    merge_reports as merge_reports,
-    sizes_from_report as sizes_from_report,
-)
+from ckptinspect.capabilities.manifest.hashing import ALGORITHM
+from ckptinspect.capabilities.manifest.report import FileResult, ManifestReport, sizes_from_report
 
 MANIFEST_NAME = "integrity.json"  # Megatron's INTEGRITY_FNAME
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()

@@ -1,0 +1,1 @@
+"""Coverage: the chunk-grid picture of one tensor (`picture.py`)."""

@@ -1,0 +1,1 @@
+"""Diff of two checkpoints: orchestration and tensors (`diff.py`), args classification (`args.py`), values (`values.py`)."""
