@@ -53,7 +53,8 @@ class FsspecBackend:
         self.root = authority
         kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if scheme is Scheme.S3:
-            config = {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 10, "read_timeout": 60}
+            config = {"retries": {"total_max_attempts": 1, "mode": "standard"},  # botocore: one attempt
+                      "connect_timeout": 10, "read_timeout": 60}
             kwargs.update(config_kwargs=config)
         _merge(kwargs, options)
         self.fs: Any = fsspec.filesystem(_PROTOCOL[scheme], **kwargs)
