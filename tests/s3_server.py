@@ -99,6 +99,8 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._rules: list[list[Any]] = []  # [pattern, remaining, action, seconds]
         self.injected = 0
+        self.requests = 0  # forwarded requests and the response bytes sent back (benchmarks count with these)
+        self.bytes_out = 0
         self._pattern_hook: Any = None
         proxy = self
 
@@ -141,6 +143,9 @@ class FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
+                with proxy._lock:
+                    proxy.requests += 1
+                    proxy.bytes_out += len(data)
                 conn.close()
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
