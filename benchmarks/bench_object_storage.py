@@ -85,7 +85,7 @@ def verdict(doc: dict) -> tuple[str, list[str]]:
     return doc["status"], sorted({f["code"] for f in doc["findings"]})
 
 
-def bench_audit(ckpt: Path, proxy: FaultProxy, client: object) -> None:
+def bench_audit(ckpt: Path, proxy: FaultProxy, client: object, peers_only: bool = False) -> None:
     prefix = "ckpt/" + ckpt.name
     t = time.perf_counter()
     upload_checkpoint(client, ckpt, prefix)
@@ -95,6 +95,9 @@ def bench_audit(ckpt: Path, proxy: FaultProxy, client: object) -> None:
     nfiles = len(list(ckpt.iterdir()))
     print(f"checkpoint: {nfiles} objects; metadata objects {meta} = {meta_bytes} bytes")
     env = dict(os.environ)
+    if peers_only:
+        _peers(prefix, proxy)
+        return
     local = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", str(ckpt), "-o", "json"], env=env,
                            capture_output=True, text=True)
     with Counter(proxy) as c:
@@ -107,8 +110,12 @@ def bench_audit(ckpt: Path, proxy: FaultProxy, client: object) -> None:
     print(f"  its own count: {doc['storage']}")
     print(f"  bytes / metadata objects = {c.bytes / meta_bytes:.3f} (target <= 1.05); "
           f"requests {c.requests} vs 10 + {len(meta)} = {10 + len(meta)}")
+    _peers(prefix, proxy)
+
+
+def _peers(prefix: str, proxy: FaultProxy) -> None:
     import fsspec  # noqa: F401 - torch's FsspecReader needs it
-    from torch.distributed.checkpoint import FsspecReader
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
     with Counter(proxy) as c:
         FsspecReader(f"s3://{BUCKET}/{prefix}").read_metadata()
@@ -165,6 +172,7 @@ def main() -> None:
     ap.add_argument("ckpt", type=Path, help="a torch_dist checkpoint dir (tools/make_synthetic_ckpt.py)")
     ap.add_argument("--verify-mb", type=int, default=512)
     ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--peers-only", action="store_true", help="skip ckptinspect's audit (the slow part under load)")
     args = ap.parse_args()
     import logging
 
@@ -185,7 +193,7 @@ def main() -> None:
                           AWS_ENDPOINT_URL=proxy.endpoint, MSC_CONFIG=str(cfg))
         client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket=BUCKET)
-        bench_audit(args.ckpt, proxy, client)
+        bench_audit(args.ckpt, proxy, client, args.peers_only)
         if args.verify_mb:
             bench_verify(proxy, client, args.verify_mb, args.files, Path(tmp))
     proxy.close()
