@@ -88,7 +88,11 @@ def verdict(doc: dict) -> tuple[str, list[str]]:
 def bench_audit(ckpt: Path, proxy: FaultProxy, client: object, peers_only: bool = False) -> None:
     prefix = "ckpt/" + ckpt.name
     t = time.perf_counter()
-    upload_checkpoint(client, ckpt, prefix)
+    if peers_only:  # the peers read the metadata objects only
+        for n in META:
+            client.upload_file(str(ckpt / n), BUCKET, f"{prefix}/{n}")  # type: ignore[attr-defined]
+    else:
+        upload_checkpoint(client, ckpt, prefix)
     print(f"uploaded in {time.perf_counter() - t:.1f} s")
     meta = {n: (ckpt / n).stat().st_size for n in META if (ckpt / n).exists()}
     meta_bytes = sum(meta.values())

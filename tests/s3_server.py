@@ -139,7 +139,9 @@ class FaultProxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # HEAD: no body, but the object's length is the answer
+                self.send_header("Content-Length", resp.getheader("Content-Length", "0")
+                                 if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)

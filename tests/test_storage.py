@@ -226,3 +226,18 @@ def test_object_replaced_mid_audit_is_a_finding(s3_server: S3Server, proxy: Faul
     assert code == 1 and "CK220" in codes(doc)
     f = next(f for f in doc["findings"] if f["code"] == "CK220")
     assert f["subject"] == "common.pt" and f["details"]["url"].endswith(key)
+
+
+def test_diff_and_ls_read_urls(s3_server: S3Server, td2_url: str) -> None:  # noqa: F811
+    code, out, err = cli("diff", td2_url, str(TD2), "-o", "json")
+    assert code == 0, err
+    upload(s3_server, SAMPLES / "torch_dist", "unit/save")
+    code, out, err = cli("ls", s3_server.url("unit/save"), "-o", "json")
+    local = json.loads(cli("ls", str(SAMPLES / "torch_dist"), "-o", "json")[1])
+    doc = json.loads(out)
+    assert code in (0, 1) and [i["status"] for i in doc["iterations"]] == [i["status"] for i in local["iterations"]]
+
+
+def test_scan_of_a_url_is_a_clear_usage_error(td2_url: str) -> None:
+    code, _, err = cli("scan", td2_url)
+    assert code == 2 and "audit" in err

@@ -26,6 +26,7 @@ from ckptinspect.cli.shell import (
     emit_text,
     exit_for,
     guarded,
+    parse_location,
     usage_exit,
 )
 from ckptinspect.capabilities.scan.scan import ScanReport
@@ -39,7 +40,8 @@ def register(app: typer.Typer) -> None:
 
 
 def scan(
-    path: Annotated[Path, typer.Argument(help="a save dir, one checkpoint, or one pickle file")],
+    path: Annotated[Path, typer.Argument(help="a save dir, one checkpoint, or one pickle file (local; file://)",
+                                         parser=parse_location)],
     output: OutputOpt = Output.TEXT,
     fail_on: FailOnOpt = FailOn.ERROR,
     select: SelectOpt = None,
@@ -50,7 +52,11 @@ def scan(
 
     def body() -> int:
         from ckptinspect.capabilities.scan.scan import scan_path
+        from ckptinspect.storage.objpath import ObjectPath
 
+        if isinstance(path, ObjectPath):  # its tree walk is local; `audit` scans the same pickles from a bucket
+            usage_exit(f"{path}: scan reads local paths only; `ckptinspect audit {path}` runs the same pickle "
+                       "checks on a checkpoint in object storage")
         if not (path.exists() or path.is_symlink()):
             usage_exit(f"{path}: no such file or directory")
         report = scan_path(path, str(path), tuple(select or ()), tuple(ignore or ()))
