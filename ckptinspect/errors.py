@@ -25,6 +25,9 @@ class ReadError(CkptInspectError):
     def __init__(self, message: str, code: str = "CK206") -> None:
         super().__init__(message)
         self.code = code
+        # What the pickles read before the failure referenced and called (a `PickleReport`), or None: a pickle that
+        # calls `os.system` and then fails to parse is unsafe, not merely corrupt.
+        self.report: object | None = None
 
 
 class BrokenSaveDir(CkptInspectError):

@@ -95,6 +95,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK204", "warning", None, "storage", "data file not referenced by .metadata"),
         _c("CK205", "error", "corrupt", "storage", "stored item is not a valid archive or has the wrong payload size"),
         _c("CK206", "error", "corrupt", "storage", ".pt file unreadable"),
+        _c("CK207", "error", "unsafe", "storage", "stored item path leaves the checkpoint dir"),
         _c("CK220", "error", "incomplete", "storage", "object changed between listing and read (ETag differs)"),
         _c("CK221", "error", None, "storage", "object listed but reading it is denied (403)"),
         _c("CK222", "error", "corrupt", "storage", "object returned fewer bytes than its listed size"),
@@ -122,8 +123,10 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK601", "error", "unsafe", "safety", "pickle references a dangerous callable (not executed)"),
         _c("CK602", "warning", None, "safety", "pickle references a global outside the allowlist"),
         _c("CK603", "error", "corrupt", "safety", "pickle or archive exceeds the reader's resource bounds"),
+        _c("CK604", "error", "unsafe", "safety", "pickle calls a global that is not an inert constructor (not executed)"),
         _c("CK701", "warning", None, "args", "no training args found in the checkpoint"),
         _c("CK702", "warning", None, "args", "args disagree with the on-disk layout"),
+        _c("CK801", "info", None, "estimate", "weights written by DP rank 0 alone; a fully parallel save spreads them"),
     )
 }
 

@@ -153,7 +153,11 @@ class FileInfo:
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """Parallel layout of the save; None where unknown. `sources` says where each number came from."""
+    """Parallel layout of the save; None where unknown. `sources` says where each number came from.
+
+    dp excludes CP (Megatron's `data_parallel_size`); the DistributedOptimizer shards over DP × CP.
+    etp: expert tensor parallel size (None without experts). vpp: virtual pipeline stages per PP rank (1 = none).
+    """
 
     tp: int | None = None
     pp: int | None = None
@@ -161,9 +165,13 @@ class Topology:
     ep: int | None = None
     world_size: int | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
+    cp: int | None = None
+    etp: int | None = None
+    vpp: int | None = None
 
     def to_dict(self) -> dict[str, int | None]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "world_size": self.world_size}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "world_size": self.world_size,
+                "cp": self.cp, "etp": self.etp, "vpp": self.vpp}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +185,7 @@ class Checkpoint:
     tensors / objects / files: the content.
     args: the training args as a plain dict (Megatron's `argparse.Namespace`), or None.
     common: the rest of the common state, plain data (``iteration``, ``content_metadata``, ...), or None.
-    topology: TP/PP/DP/EP/world size.
+    topology: TP/PP/DP/CP/EP/ETP/VPP/world size.
     optimizer_sharding: DistributedOptimizer ``distrib_optim_sharding_type`` (or inferred), None without one.
     rank_items: per save-time rank, how many items it wrote (Megatron's `all_local_plans`), () when unknown.
     findings: what the reader itself found (unreadable files, unsafe pickles, half-written state).

@@ -106,3 +106,10 @@ class FileSlice(io.RawIOBase):
         buf[: len(data)] = data
         self._pos += len(data)
         return len(data)
+
+
+def leaves_dir(name: str) -> bool:
+    """Whether a stored item's `relative_path` points outside its checkpoint dir (absolute, or through `..`): DCP's
+    FileSystemReader opens `path / relative_path` whatever it is (torch 2.13 `filesystem.py` `read_data`)."""
+    norm = name.replace("\\", "/")
+    return norm.startswith("/") or ".." in norm.split("/")

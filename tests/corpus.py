@@ -39,6 +39,8 @@ SOURCES: dict[str, tuple[Path, tuple[str, ...]]] = {
                                             "iter_0000002/metadata.json", "iter_0000003/.metadata")),
     "torch_dist_fully": (SAMPLES / "torch_dist_fully", ("latest_checkpointed_iteration.txt",
                                                         "iter_0000001/metadata.json", "iter_0000001/.metadata")),
+    "torch_dist_not_fully": (SAMPLES / "torch_dist_not_fully", ("latest_checkpointed_iteration.txt",
+                                                                "iter_0000001/metadata.json", "iter_0000001/.metadata")),
     "legacy": (SAMPLES / "legacy", ("latest_checkpointed_iteration.txt",
                                     "iter_0000001/mp_rank_01_001/model_optim_rng.pt")),
     "dcp": (SAMPLES / "dcp", ("step-10/.metadata",)),
@@ -504,16 +506,22 @@ def _plain(name: str, sub: str = "") -> Callable[[Ctx], Path]:
 # --- the table -----------------------------------------------------------------------------------------------------
 
 TD, FULLY, LEG, DCP, M19 = ("torch_dist",), ("torch_dist_fully",), ("legacy",), ("dcp",), ("mcore-0.19.2",)
+NOT_FULLY = ("torch_dist_not_fully",)
 MANIFEST_CODES = frozenset({"CK401", "CK402", "CK403", "CK404"})
 S = frozenset
 
 CASES: tuple[Case, ...] = (
     # healthy checkpoints: every sample and the 0.19.2 fixture
-    Case("ok_torch_dist_save_dir", td_save, "complete", S({"CK506"}), S({"CK504", "CK505"}), sources=TD,
+    Case("ok_torch_dist_save_dir", td_save, "complete", S({"CK506"}), S({"CK504", "CK505", "CK801"}), sources=TD,
          subprocess=True),
     Case("ok_torch_dist_checkpoint", td_iter2, "complete", S({"CK400"}), sources=TD),
     Case("ok_torch_dist_checkpoint_deep", td_iter2, "complete", absent=S({"CK205"}), flags=("--deep",), sources=TD),
-    Case("ok_torch_dist_fully_save_dir", _plain("torch_dist_fully"), "complete", sources=FULLY),
+    Case("ok_torch_dist_fully_save_dir", _plain("torch_dist_fully"), "complete", absent=S({"CK801"}), sources=FULLY),
+    # saved with --no-ckpt-fully-parallel-save: DP rank 0 wrote every weight (info only, still complete)
+    Case("ok_torch_dist_not_fully_save_dir", _plain("torch_dist_not_fully"), "complete", S({"CK801"}),
+         sources=NOT_FULLY),
+    Case("ok_torch_dist_not_fully_ignored", _plain("torch_dist_not_fully", "iter_0000001"), "complete",
+         absent=S({"CK801"}), flags=("--ignore", "CK8"), sources=NOT_FULLY),
     Case("ok_legacy_save_dir", _plain("legacy"), "complete", absent=S({"CK112", "CK602"}), sources=LEG,
          subprocess=True),
     Case("ok_legacy_checkpoint", _plain("legacy", "iter_0000001"), "complete", sources=LEG),
@@ -552,8 +560,9 @@ CASES: tuple[Case, ...] = (
          sources=TD),
     Case("missing_common_pt", td2(_rm("common.pt")), "corrupt", S({"CK105"}), sources=TD),
     # integrity manifest (the 0.19.2 fixture has integrity.json)
-    Case("manifest_byte_flip", m19(_flip_byte), "corrupt", S({"CK401"}), sources=M19),
-    Case("manifest_stale", m19(_stale_manifest), "corrupt", S({"CK401", "CK405"}), sources=M19),
+    # audit hashes only with --hash / --deep (issue 18: work proportional to the verdict)
+    Case("manifest_byte_flip", m19(_flip_byte), "corrupt", S({"CK401"}), flags=("--hash",), sources=M19),
+    Case("manifest_stale", m19(_stale_manifest), "corrupt", S({"CK401", "CK405"}), flags=("--hash",), sources=M19),
     Case("manifest_file_deleted", m19(_rm("__7_0.distcp")), "corrupt", S({"CK402", "CK201"}), sources=M19),
     Case("manifest_extra_file", m19(_write("notes.txt", b"hello\n")), "complete", S({"CK403"}), sources=M19),
     Case("manifest_garbage", m19(_write("integrity.json", b"\x00garbage")), "corrupt", S({"CK404"}), sources=M19),
@@ -577,7 +586,7 @@ CASES: tuple[Case, ...] = (
     Case("hostile_legacy_model_pt", legacy(_hostile_legacy_pt), "unsafe", S({"CK601"}), sources=LEG,
          subprocess=True),
     Case("hostile_common_state_item", m19(_hostile_item("common_state/shard_0_1")), "unsafe", S({"CK601", "CK401"}),
-         sources=M19, subprocess=True),
+         flags=("--hash",), sources=M19, subprocess=True),
     Case("hostile_rng_item", td2(_hostile_item(RNG_CELL)), "unsafe", S({"CK601"}), sources=TD, subprocess=True),
     Case("hostile_rng_item_deep", td2(_hostile_item(RNG_CELL)), "unsafe", S({"CK601"}), flags=("--deep",),
          sources=TD, subprocess=True),

@@ -23,7 +23,11 @@ from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
 from ckptinspect.findings import CODES, Status
-from corpus import CASES, Case, Ctx, missing_source
+from corpus import CASES as BASE_CASES
+from corpus import Case, Ctx, missing_source
+from corpus_layouts import LAYOUT_CASES
+
+CASES = BASE_CASES + LAYOUT_CASES
 
 STATUS_RANK = {"complete": 0, "unrecognized": 1, "incomplete": 2, "corrupt": 3, "unsafe": 4}  # CONTRACT precedence
 

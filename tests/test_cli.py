@@ -72,7 +72,7 @@ def test_info_torch_dist_topology_and_tables(tmp_path: Path) -> None:
     assert rc == 0, out
     doc = json.loads(out)
     assert doc["format"] == "torch_dist" and doc["iteration"] == 2
-    assert doc["topology"] == {"tp": 2, "pp": 2, "dp": 2, "ep": 1, "world_size": 8}
+    assert doc["topology"] == {"tp": 2, "pp": 2, "dp": 2, "ep": 1, "world_size": 8, "cp": 1, "etp": None, "vpp": 1}
     assert doc["optimizer_sharding"] == "dp_reshardable"
     keys = {t["key"]: t for t in doc["tensors"]}
     emb = keys["embedding.word_embeddings.weight"]

@@ -36,6 +36,7 @@ from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app as main_app
 from ckptinspect.cli.scan_cmd import register
+from fuzz_hostile_ops import HOSTILE_OPS
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = Path(os.environ.get("CKPTINSPECT_SAMPLES", REPO / "sample_ckpts"))
@@ -344,7 +345,7 @@ def op_splice(rng: random.Random, root: Path, t: Path | None, files: list[Path],
 
 
 OPS: list[Op] = [op_truncate, op_truncate, op_flip, op_flip, op_flip, op_delete, op_duplicate, op_to_dir,
-                 op_symlink, op_empty, op_text, op_text, op_append, op_splice]
+                 op_symlink, op_empty, op_text, op_text, op_append, op_splice, *HOSTILE_OPS]  # issue 18
 
 
 # --- running the CLI ---------------------------------------------------------------------------------------------

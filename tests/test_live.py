@@ -60,6 +60,6 @@ def test_fresh_megatron_save_topology(live_save: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ckptinspect", "info", str(live_save / "iter_0000001"), "-o", "json"],
                        capture_output=True, text=True, timeout=120)
     doc = json.loads(r.stdout)
-    assert doc["topology"] == {"tp": 2, "pp": 1, "dp": 2, "ep": 1, "world_size": 4}
+    assert doc["topology"] == {"tp": 2, "pp": 1, "dp": 2, "ep": 1, "world_size": 4, "cp": 1, "etp": None, "vpp": 1}
     assert doc["optimizer_sharding"] == "dp_reshardable"
     assert doc["generation"].startswith("megatron-core<=0.18")

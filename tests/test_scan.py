@@ -369,7 +369,9 @@ def test_hostile_item_in_a_distcp_without_metadata(tmp_path: Path, marker: Path)
 
 def test_unknown_global_is_a_warning_not_unsafe(tmp_path: Path) -> None:
     save = copy_of(SAMPLES / "torch_dist_fully", tmp_path)
-    payload = b"\x80\x02cmy_private_pkg.module\nThing\n)\x81."
+    # Referenced, never called (a class kept as a value). Issue 18: a CALLED unknown global is CK604 (unsafe),
+    # see tests/test_hostile_verdict.py.
+    payload = b"\x80\x02}X\x03\x00\x00\x00clscmy_private_pkg.module\nThing\ns."
     (save / "iter_0000001" / "common.pt").write_bytes(torch_zip(payload, prefix="common"))
     report = scan_path(save, "s")
     assert [f.code for f in report.findings] == ["CK602"]
@@ -403,8 +405,10 @@ def test_deep_nesting_pickles_walk_without_recursion(tmp_path: Path) -> None:
     (save / "iter_0000001" / ".metadata").write_bytes(deep)
     (save / "iter_0000001" / "common.pt").write_bytes(torch_zip(b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"."))
     report = scan_path(save, "s")
-    assert report.findings == ()
-    assert all(p.problem is None for p in report.pickles)
+    # Walked without recursion, and the nesting is bounded (issue 18): CK603 for both, nothing else.
+    assert sorted(f.code for f in report.findings) == ["CK603", "CK603"], report.findings
+    assert all("nesting deeper than" in (p.problem or "") for p in report.pickles if p.subject in (".metadata",
+                                                                                                    "common.pt"))
 
 
 @pytest.mark.parametrize("victim,code", [(".metadata", "CK106"), ("common.pt", "CK206"), ("__0_0.distcp", "CK202")])

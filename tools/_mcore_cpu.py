@@ -311,7 +311,7 @@ def _build_args(cfg: dict, iteration: int):
         async_save=c["half_written"] != "none",
         bf16=False,
         ckpt_format=ckpt_format,
-        ckpt_fully_parallel_save=True,
+        ckpt_fully_parallel_save=c.get("fully_parallel", True),
         clip_grad=1.0,
         consumed_train_samples=iteration * gbs,
         context_parallel_size=1,
@@ -612,10 +612,11 @@ def _save_torch_dist(c, model, optimizer, common, rng, ckpt_dir, half, rsm, dist
         data_iterator=None, ckpt_format="torch_dist", force=True
     )
 
-    strategy = FullyParallelSaveStrategyWrapper(
-        TorchDistSaveShardedStrategy("torch_dist", 1),
-        parallel_state.get_data_parallel_group(with_context_parallel=True),
-    )
+    strategy = TorchDistSaveShardedStrategy("torch_dist", 1)
+    if c.get("fully_parallel", True):  # --no-ckpt-fully-parallel-save leaves DP rank 0 writing the weights
+        strategy = FullyParallelSaveStrategyWrapper(
+            strategy, parallel_state.get_data_parallel_group(with_context_parallel=True),
+        )
     if half == "none":
         dist_checkpointing.save(
             state_dict,

@@ -55,11 +55,15 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: in
 
 
 DEFAULTS = dict(
+    fully_parallel=True,  # False: Megatron's --no-ckpt-fully-parallel-save (DP rank 0 writes the weights)
     format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4, vocab_size=100,
     make_vocab_size_divisible_by=64, optim_sharding="dp_reshardable", iterations=(1,),
     half_written="none", seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,
     lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d",
+    # parallel layouts (tools/_mcore_layouts.py); the defaults keep the dense EP=1 samples above
+    cp=1, ep=1, etp=None, vpp=None, experts=0, topk=2, swiglu=False, bf16=False,
 )
+LAYOUT_DEFAULTS = dict(cp=1, ep=1, etp=None, vpp=None, experts=0, topk=2, swiglu=False, bf16=False)
 
 
 def _config(out_dir: str, **config) -> dict:
@@ -89,7 +93,10 @@ def _config(out_dir: str, **config) -> dict:
         raise ValueError("layers must be divisible by pp")
     if c["format"] == "dcp" and c["dcp_mesh"] == "2d" and (dp < 4 or dp % 2):
         raise ValueError("dcp_mesh='2d' needs an even dp >= 4")
-    c["world"] = dp if c["format"] == "dcp" else tp * pp * dp
+    c["layouts"] = any(c[k] != v for k, v in LAYOUT_DEFAULTS.items())
+    if c["layouts"]:
+        _check_layouts(c)
+    c["world"] = dp if c["format"] == "dcp" else tp * pp * c["cp"] * dp
     c["padded_vocab_size"] = padded_vocab_size(
         c["vocab_size"], c["make_vocab_size_divisible_by"], tp)
     c["train_iters"] = max(c["train_iters"], c["iterations"][-1])
@@ -97,6 +104,30 @@ def _config(out_dir: str, **config) -> dict:
     c["port"] = _free_port()
     c["mode"] = "save"
     return c
+
+
+def _check_layouts(c: dict) -> None:
+    """Options of the parallel-layout samples (MoE/EP/ETP, VPP, CP, SwiGLU, bf16)."""
+    if c["format"] not in ("torch_dist", "legacy"):
+        raise ValueError("cp/ep/etp/vpp/experts/swiglu/bf16 need format torch_dist or legacy")
+    if c["half_written"] != "none":
+        raise ValueError("half_written is not supported with the layout options")
+    c["etp"] = c["etp"] or c["tp"]  # Megatron-LM validate_args: ETP defaults to TP
+    if min(c["cp"], c["ep"], c["etp"]) < 1 or (c["vpp"] is not None and c["vpp"] < 2):
+        raise ValueError("cp, ep, etp must be >= 1 and vpp >= 2 (or None)")
+    if c["ep"] > 1 and not c["experts"]:
+        raise ValueError("ep > 1 needs experts")
+    if c["experts"] and (c["experts"] % c["ep"] or c["topk"] > c["experts"]):
+        raise ValueError("experts must be divisible by ep, and topk <= experts")
+    if c["vpp"] and (c["pp"] < 2 or c["layers"] % (c["pp"] * c["vpp"])):
+        raise ValueError("vpp needs pp >= 2 and layers divisible by pp * vpp")
+    if c["vpp"] and c["num_microbatches"] % c["pp"]:
+        raise ValueError("vpp needs num_microbatches divisible by pp (interleaved schedule)")
+    if c["seq_length"] % c["cp"]:
+        raise ValueError("seq_length must be divisible by cp")
+    world = c["tp"] * c["pp"] * c["cp"] * c["dp"]
+    if (world // c["pp"]) % (c["etp"] * c["ep"]):
+        raise ValueError("tp*cp*dp must be divisible by etp*ep (parallel_state expert groups)")
 
 
 def make_checkpoint(
@@ -113,6 +144,7 @@ def make_checkpoint(
     optim_sharding: str = "dp_reshardable",
     iterations=(1,),
     half_written: str = "none",
+    fully_parallel: bool = True,
     seed: int = 1234,
     seq_length: int = 16,
     micro_batch_size: int = 2,
@@ -122,6 +154,7 @@ def make_checkpoint(
     dcp_step: int = 10,
     dcp_mesh: str = "1d",
     timeout: float = 600.0,
+    **layouts,
 ) -> str:
     """Write one save dir at ``out_dir`` and return its path.
 
@@ -133,15 +166,18 @@ def make_checkpoint(
     DTensors on a 1-D ("dp_shard") or 2-D ("dp_shard", "tp") CPU mesh (``dcp_mesh``).
     Raises ValueError for a bad config, RuntimeError if any rank fails or the run exceeds
     ``timeout`` seconds (all workers are terminated).
+    ``layouts``: cp, ep, etp, vpp, experts, topk, swiglu, bf16 (see LAYOUT_DEFAULTS); any
+    non-default value routes the run through tools/_mcore_layouts.py; world = tp*pp*cp*dp.
     """
     out_dir = os.fspath(out_dir)
     cfg = _config(out_dir, format=format, tp=tp, pp=pp, dp=dp, layers=layers, hidden=hidden,
                   heads=heads, vocab_size=vocab_size,
                   make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                   optim_sharding=optim_sharding, iterations=iterations,
-                  half_written=half_written, seed=seed, seq_length=seq_length,
+                  half_written=half_written, fully_parallel=fully_parallel, seed=seed,
+                  seq_length=seq_length,
                   micro_batch_size=micro_batch_size, num_microbatches=num_microbatches, lr=lr,
-                  train_iters=train_iters, dcp_step=dcp_step, dcp_mesh=dcp_mesh)
+                  train_iters=train_iters, dcp_step=dcp_step, dcp_mesh=dcp_mesh, **layouts)
     os.makedirs(out_dir, exist_ok=True)
     _spawn(cfg, cfg["world"], timeout)
     return out_dir
@@ -156,8 +192,52 @@ def verify_checkpoint(out_dir, timeout: float = 600.0, **config) -> None:
     cfg = _config(os.fspath(out_dir), **config)
     if cfg["format"] == "dcp":
         raise ValueError("verify_checkpoint supports torch_dist and legacy only")
+    if cfg["layouts"]:
+        raise ValueError("the layout samples are checked by run_ground_truth (Megatron loads at "
+                         "the saved and at changed topologies), not by verify_checkpoint")
     cfg["mode"] = "verify"
     _spawn(cfg, cfg["world"], timeout)
+
+
+def run_ground_truth(cases, world: int, root: str = "sample_ckpts", seed: int = 1234,
+                     timeout: float = 600.0) -> dict:
+    """Megatron's own loads of the layout samples, batched in ONE spawn of ``world`` ranks.
+
+    ``cases``: dicts ``{id, sample, topology: {tp, pp, cp, ep, etp, vpp}, optim: bool,
+    rng: bool (default True)}``; ``sample`` names a SAMPLES entry (its model), ``topology`` the
+    run that loads it (missing keys: as saved; dp = world / (tp*pp*cp)).  Each case builds
+    that run's model and optimizer and loads the sample's tracked iteration the way
+    Megatron-LM's load_checkpoint does (see tools/_mcore_layouts.py).  Returns
+    ``{id: {"ok": bool, "errors": [one line per distinct rank error]}}``.
+    """
+    import json
+    import tempfile
+
+    built = []
+    for case in cases:
+        kw = dict(SAMPLES[case["sample"]])
+        kw.pop("iterations", None)
+        topo = {**{k: kw.get(k, DEFAULTS[k]) for k in ("tp", "pp", "cp", "ep", "etp", "vpp")},
+                **case.get("topology", {})}
+        if (topo["tp"] * topo["pp"] * topo["cp"]) == 0 or world % (
+                topo["tp"] * topo["pp"] * topo["cp"]):
+            raise ValueError(f"{case['id']}: world {world} is not divisible by tp*pp*cp")
+        kw.update(topo, dp=world // (topo["tp"] * topo["pp"] * topo["cp"]))
+        save_dir = os.path.join(_REPO_ROOT, root, case["sample"])
+        with open(os.path.join(save_dir, "latest_checkpointed_iteration.txt")) as f:
+            it = int(f.read().strip())
+        c = _config(save_dir, **kw)
+        c["layouts"] = True
+        built.append({"id": case["id"], "ckpt": os.path.join(save_dir, f"iter_{it:07d}"),
+                      "optim": bool(case.get("optim", True)), "rng": case.get("rng", True),
+                      "cfg": c})
+    with tempfile.TemporaryDirectory(prefix="ckpt_truth_") as tmp:
+        results = os.path.join(tmp, "results.json")
+        cfg = {"mode": "truth", "world": world, "seed": seed, "port": _free_port(),
+               "cases": built, "results": results, "format": "truth", "out_dir": tmp}
+        _spawn(cfg, world, timeout)
+        with open(results) as f:
+            return {r["id"]: {"ok": r["ok"], "errors": r["errors"]} for r in json.load(f)}
 
 
 def _spawn(cfg: dict, nprocs: int, timeout: float) -> None:
@@ -168,6 +248,12 @@ def _spawn(cfg: dict, nprocs: int, timeout: float) -> None:
     import _mcore_cpu  # noqa: E402  (cheap: no torch import at module level)
     import torch.multiprocessing as tmp
 
+    entry = _mcore_cpu.worker_entry
+    if cfg.get("layouts") or cfg.get("mode") == "truth":
+        import _mcore_layouts  # noqa: E402
+
+        entry = _mcore_layouts.worker_entry
+
     env_backup = {k: os.environ.get(k) for k in ("PYTHONWARNINGS", "OMP_NUM_THREADS",
                                                   "GLOO_SOCKET_IFNAME")}
     os.environ["PYTHONWARNINGS"] = "ignore"
@@ -175,7 +261,7 @@ def _spawn(cfg: dict, nprocs: int, timeout: float) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         ctx = tmp.start_processes(
-            _mcore_cpu.worker_entry, args=(cfg,), nprocs=nprocs, join=False,
+            entry, args=(cfg,), nprocs=nprocs, join=False,
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout
@@ -215,11 +301,36 @@ SAMPLES = {
     "torch_dist_fully": dict(format="torch_dist", tp=2, pp=1, dp=2, layers=2, hidden=16,
                              heads=4, vocab_size=100, make_vocab_size_divisible_by=64,
                              optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
+    "torch_dist_not_fully": dict(format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16,
+                                 heads=4, vocab_size=100, make_vocab_size_divisible_by=64,
+                                 optim_sharding="dp_reshardable", iterations=(1,), seed=1234,
+                                 fully_parallel=False),
     "legacy": dict(format="legacy", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4,
                    vocab_size=100, make_vocab_size_divisible_by=64,
                    optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
     "dcp": dict(format="dcp", dp=4, layers=2, hidden=16, heads=4, vocab_size=128, seed=1234,
                 dcp_step=10, dcp_mesh="2d"),
+    # parallel layouts (tools/_mcore_layouts.py): one tiny GPT (hidden 16, 4 heads, vocab 100 ->
+    # padded 64*TP multiple) shared by every variant; MoE variants replace the MLP by 4
+    # SequentialMLP experts (top-2 router).
+    "moe_ep2": dict(format="torch_dist", tp=1, pp=1, dp=2, ep=2, experts=4, layers=2,
+                    optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
+    "moe_tp2_ep2": dict(format="torch_dist", tp=2, pp=1, dp=2, ep=2, etp=1, experts=4, layers=2,
+                        optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
+    "vpp": dict(format="torch_dist", tp=1, pp=2, vpp=2, dp=1, layers=4, num_microbatches=2,
+                optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
+    "vpp_fully": dict(format="torch_dist", tp=1, pp=2, vpp=2, dp=1, layers=4, num_microbatches=2,
+                      optim_sharding="fully_reshardable", iterations=(1,), seed=1234),
+    "cp2": dict(format="torch_dist", tp=1, pp=1, cp=2, dp=2, layers=2,
+                optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
+    "swiglu_bf16": dict(format="torch_dist", tp=2, pp=1, dp=2, layers=2, swiglu=True, bf16=True,
+                        optim_sharding="dp_reshardable", iterations=(1,), seed=1234),
+    "legacy_ep2": dict(format="legacy", tp=1, pp=1, dp=2, ep=2, experts=4, layers=2,
+                       iterations=(1,), seed=1234),
+    "legacy_pp2_ep2": dict(format="legacy", tp=1, pp=2, dp=2, ep=2, experts=4, layers=2,
+                           iterations=(1,), seed=1234),
+    "legacy_vpp": dict(format="legacy", tp=1, pp=2, vpp=2, dp=1, layers=4, num_microbatches=2,
+                       iterations=(1,), seed=1234),
 }
 
 
@@ -245,7 +356,7 @@ def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True,
             timings[name] = time.monotonic() - t0
             if verbose:
                 print(f"[make_sample_ckpts] {d}: {timings[name]:.1f}s", flush=True)
-            if verify and kw["format"] != "dcp":
+            if verify and kw["format"] != "dcp" and not set(kw) & set(LAYOUT_DEFAULTS):
                 verify_checkpoint(d, **kw)
     finally:
         os.chdir(prev_cwd)
@@ -270,10 +381,21 @@ def _parse(argv=None):
     p.add_argument("--iterations", type=int, nargs="+", default=[1])
     p.add_argument("--half-written", default="none", choices=HALF_WRITTEN)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-fully-parallel", dest="fully_parallel", action="store_false",
+                   help="save without FullyParallelSaveStrategyWrapper (--no-ckpt-fully-parallel-save)")
     p.add_argument("--seq-length", type=int, default=16)
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--dcp-step", type=int, default=10)
     p.add_argument("--dcp-mesh", default="1d", choices=("1d", "2d"))
+    p.add_argument("--cp", type=int, default=1, help="context parallel size")
+    p.add_argument("--ep", type=int, default=1, help="expert model parallel size (needs --experts)")
+    p.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: TP)")
+    p.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per PP rank")
+    p.add_argument("--experts", type=int, default=0, help="MoE: SequentialMLP experts (0 = dense)")
+    p.add_argument("--topk", type=int, default=2, help="MoE router top-k")
+    p.add_argument("--num-microbatches", type=int, default=1)
+    p.add_argument("--swiglu", action="store_true", help="gated_linear_unit with silu")
+    p.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--verify", action="store_true",
                    help="afterwards, load the written torch_dist/legacy iterations back with "
@@ -293,12 +415,18 @@ def main(argv=None) -> int:
                 make_vocab_size_divisible_by=a.make_vocab_size_divisible_by,
                 optim_sharding=a.optim_sharding, iterations=a.iterations,
                 half_written=a.half_written, seed=a.seed, seq_length=a.seq_length,
+                fully_parallel=a.fully_parallel,
                 micro_batch_size=a.micro_batch_size, dcp_step=a.dcp_step, dcp_mesh=a.dcp_mesh,
             )
+            layouts = dict(cp=a.cp, ep=a.ep, etp=a.etp, vpp=a.vpp, experts=a.experts,
+                           topk=a.topk, swiglu=a.swiglu, bf16=a.bf16)
+            kw.update({k: v for k, v in layouts.items() if v != LAYOUT_DEFAULTS[k]})
+            if a.num_microbatches != 1:
+                kw["num_microbatches"] = a.num_microbatches
             t0 = time.monotonic()
             make_checkpoint(a.out, timeout=a.timeout, **kw)
             print(f"[make_sample_ckpts] {a.out}: {time.monotonic() - t0:.1f}s", flush=True)
-            if a.verify and a.format != "dcp":
+            if a.verify and a.format != "dcp" and not set(kw) & set(LAYOUT_DEFAULTS):
                 verify_checkpoint(a.out, timeout=a.timeout, **kw)
     except (RuntimeError, ValueError) as e:
         print(f"make_sample_ckpts: error: {e}", file=sys.stderr)

@@ -20,13 +20,16 @@ from ckptinspect.progress import ProgressHook
 class CheckContext:
     """Options a check may look at.
 
-    deep: read every stored item (`audit --deep`).
+    deep: read every stored item (`audit --deep`); implies `hash`.
+    hash: hash every file the integrity manifest lists (`audit --hash`); without it the manifest is checked at
+      metadata level only (listed files present and regular, unlisted files, staleness, empty-file digests).
     manifest: an explicit integrity manifest to verify instead of the checkpoint's own `integrity.json`.
     progress: optional progress callback for long runs; None = silent.
     workers: threads for I/O-bound checks (hashing).
     """
 
     deep: bool = False
+    hash: bool = False
     manifest: Path | None = None
     progress: ProgressHook | None = None
     workers: int | None = None

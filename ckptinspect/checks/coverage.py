@@ -14,12 +14,14 @@ tensors have one chunk with empty offsets.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ckptinspect.checks import CheckContext
+from ckptinspect.checks.layout_coords import describe, locate
 from ckptinspect.findings import Finding
 from ckptinspect.model import Checkpoint, Format, Tensor
 
@@ -60,6 +62,9 @@ class TensorCoverage:
             "gaps": [{"offsets": list(o), "sizes": list(s)} for o, s in self.gaps],
             "overlaps": [{"offsets": list(o), "sizes": list(s)} for o, s in self.overlaps],
         }
+
+
+MAX_PAIR_CHECKS = 5_000_000  # chunk pairs the irregular-grid fallback compares
 
 
 def _in_bounds(offsets: tuple[int, ...], sizes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -170,8 +175,11 @@ def _cover_nd(
     for d in range(ndim):
         w = np.diff(bounds[d]).reshape([-1 if i == d else 1 for i in range(ndim)])
         widths = widths * w
-    gap = int(widths[count == 0].sum())
-    overlap = int((widths * np.maximum(count - 1, 0)).sum())
+    # Exact integers: a cell's width is at most the tensor's numel (bounded by the readers), but summing many of
+    # them, or multiplying by a cover count, can pass 2**63 and wrap a gap to zero.
+    gap = sum(int(w) for w in widths[count == 0].tolist())
+    many = count > 1
+    overlap = sum(int(w) * (int(c) - 1) for w, c in zip(widths[many].tolist(), count[many].tolist()))
     return TensorCoverage(
         t.key, total, len(t.chunks), total - gap, gap, overlap, oob, no_storage,
         _regions(count == 0, bounds), _regions(count > 1, bounds), True,
@@ -190,23 +198,36 @@ def _regions(mask: Any, bounds: list[Any]) -> tuple[tuple[tuple[int, ...], tuple
 
 
 def _fallback(t: Tensor, offs: Any, sizes: Any, total: int, oob: int, no_storage: int) -> TensorCoverage:
-    """Volume sum + pairwise overlap sweep along axis 0 (for grids too irregular to compress)."""
-    order = offs[:, 0].argsort(kind="stable")
+    """Exact volume sum + an overlap sweep along axis 0 (for grids too irregular to compress).
+
+    The sweep keeps the chunks still open at each start sorted by their end (a heap), so chunks that end before it
+    are dropped in O(log n); it compares at most `MAX_PAIR_CHECKS` pairs in all (a grid built to make every pair
+    overlap on axis 0 would otherwise be quadratic): past that the overlap count is a lower bound and the result
+    is marked inexact."""
+    import heapq
+
+    order = offs[:, 0].argsort(kind="stable").tolist()
+    o, z = offs.tolist(), sizes.tolist()
+    ndim = len(o[0]) if o else 0
     overlap_pairs = 0
-    active: list[int] = []
-    ndim = offs.shape[1]
+    checks = 0
+    exact = False
+    active: list[tuple[int, int]] = []  # (end on axis 0, chunk)
     for i in order:
-        start = offs[i, 0]
-        active = [j for j in active if offs[j, 0] + sizes[j, 0] > start]
-        for j in active:
-            if all(offs[i, d] < offs[j, d] + sizes[j, d] and offs[j, d] < offs[i, d] + sizes[i, d]
-                   for d in range(ndim)):
+        start = o[i][0]
+        while active and active[0][0] <= start:
+            heapq.heappop(active)
+        for _, j in active:
+            checks += 1
+            if all(o[i][d] < o[j][d] + z[j][d] and o[j][d] < o[i][d] + z[i][d] for d in range(1, ndim)):
                 overlap_pairs += 1
-        active.append(int(i))
-    volume = int(sizes.prod(axis=1).sum())
-    gap = max(total - volume, 0) if not overlap_pairs else max(total - volume, 0)
+        if checks > MAX_PAIR_CHECKS:
+            break
+        heapq.heappush(active, (start + z[i][0], i))
+    volume = sum(math.prod(row) for row in z)  # exact: Python ints never wrap
+    gap = max(total - volume, 0)
     return TensorCoverage(t.key, total, len(t.chunks), total - gap, gap, overlap_pairs, oob, no_storage,
-                          (), (), False)
+                          (), (), exact)
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
@@ -214,10 +235,22 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format is Format.TORCH:
         return
     for t in ckpt.tensors:
-        yield from findings_for(tensor_coverage(t), ckpt.path)
+        cov = tensor_coverage(t)
+        for f in findings_for(cov, ckpt.path):
+            yield _with_layout(f, ckpt, t, cov) if f.code == "CK301" and cov.gaps else f
     for o in ckpt.objects:
         if o.storage is None:
             yield Finding("CK304", f"byte item {o.key} has no storage entry", o.key, ckpt.path)
+
+
+def _with_layout(f: Finding, ckpt: Checkpoint, t: Tensor, cov: TensorCoverage) -> Finding:
+    """A gap's place in the parallel layout (layer, PP rank, virtual stage, expert, EP rank, writer rank)."""
+    coords = [locate(ckpt, t, o, s) for o, s in cov.gaps]
+    text = describe(coords[0]) if coords else ""
+    if not text:
+        return f
+    return dataclasses.replace(f, message=f"{f.message} ({text})",
+                               details={**(f.details or {}), "layout": coords})
 
 
 def findings_for(cov: TensorCoverage, path: str) -> Iterator[Finding]:

@@ -1,6 +1,7 @@
 """Integrity check: verify the checkpoint's SHA-256 manifest (`integrity.json`, or `--manifest FILE`).
 
-A thin adapter over `ckptinspect.capabilities.manifest.manifest.verify_manifest` for `audit`: findings CK400–CK404. Only checkpoint dirs
+`audit` is metadata-level by default: the manifest is checked without reading file contents (listed files present,
+unlisted files, staleness); `--hash` (or `--deep`) hashes every listed byte. A thin adapter over `ckptinspect.capabilities.manifest.manifest.verify_manifest` for `audit`: findings CK400–CK404. Only checkpoint dirs
 have a manifest (Megatron-Core ≥0.17.1 writes `integrity.json` next to `.metadata`); a checkpoint that is a single
 file yields nothing.
 """
@@ -20,6 +21,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     root = location(ckpt.path)
     if not root.is_dir():
         return
-    report = verify_manifest(root, ctx.manifest, workers=ctx.workers, progress=ctx.progress, path_label=ckpt.path)
+    report = verify_manifest(root, ctx.manifest, workers=ctx.workers, progress=ctx.progress, path_label=ckpt.path,
+                             hash_files=ctx.hash or ctx.deep)
     for finding in report.findings:
         yield finding.with_path(ckpt.path)

@@ -18,6 +18,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats._files import read_item_archive
 from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format, StoredItem, dtype_size
+from ckptinspect.safeio import leaves_dir
 
 MAX_LISTED = 5
 
@@ -93,6 +94,12 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
                 f" [{starts[a]}, {ends[a]}) and {subjects[b]} [{starts[b]}, {ends[b]})", names[i], ckpt.path,
                 {"pairs": int(len(pairs))},
             )
+    for name in names:
+        if leaves_dir(name):
+            i = names.index(name)
+            yield Finding("CK207", f"{name}: .metadata places {int(counts[i])} stored item(s) outside the checkpoint "
+                          "dir; DCP would read (and unpickle) them from there", name, ckpt.path,
+                          {"items": int(counts[i])})
     referenced = set(file_ids)
     for f in ckpt.files:
         if f.name.endswith(".distcp") and f.name not in referenced:

@@ -160,7 +160,11 @@ def info(
 @app.command()
 def audit(
     path: PathArg,
-    deep: Annotated[bool, typer.Option("--deep", help="read every stored item (archive, payload size)")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help="read every stored item (archive, payload size); implies "
+                                       "--hash")] = False,
+    hash_files: Annotated[bool, typer.Option("--hash", help="hash every file the integrity manifest lists (without "
+                                             "it the manifest is checked at metadata level: files present, unlisted, "
+                                             "stale)")] = False,
     all_iterations: Annotated[bool, typer.Option("--all", help="fully audit every iteration of a save dir")] = False,
     manifest: Annotated[Optional[Path], typer.Option("--manifest", help="verify this manifest file")] = None,
     output: OutputOpt = Output.TEXT,
@@ -169,7 +173,11 @@ def audit(
     ignore: IgnoreOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Run every check; print the verdict; exit 1 on findings at or above --fail-on."""
+    """Run every check; print the verdict; exit 1 on findings at or above --fail-on.
+
+    Metadata-level by default: no file is hashed and no tensor bytes are read (--hash hashes what the manifest
+    lists, --deep also reads every stored item).
+    """
 
     def body() -> int:
         from ckptinspect.capabilities.audit.audit import AuditOptions
@@ -178,8 +186,8 @@ def audit(
 
         if manifest is not None and not manifest.exists():
             usage_exit(f"--manifest {manifest}: no such file")
-        with progress_bar(output is Output.TEXT and deep, "deep read") as hook:
-            opts = AuditOptions(deep=deep, all_iterations=all_iterations, manifest=manifest,
+        with progress_bar(output is Output.TEXT and (deep or hash_files), "deep read") as hook:
+            opts = AuditOptions(deep=deep, hash=hash_files, all_iterations=all_iterations, manifest=manifest,
                                 select=tuple(select or ()), ignore=tuple(ignore or ()),
                                 context=CheckContext(progress=hook))
             report = do_audit(path, opts, str(path))
@@ -301,6 +309,10 @@ def resume(
     pp: Annotated[int, typer.Option("--pp", help="target pipeline-parallel size")],
     dp: Annotated[Optional[int], typer.Option("--dp", help="target data-parallel size")] = None,
     ep: Annotated[Optional[int], typer.Option("--ep", help="target expert-parallel size")] = None,
+    cp: Annotated[Optional[int], typer.Option("--cp", help="target context-parallel size")] = None,
+    etp: Annotated[Optional[int], typer.Option("--etp", help="target expert tensor-parallel size")] = None,
+    vpp: Annotated[Optional[int], typer.Option(
+        "--vpp", help="target virtual pipeline stages per PP rank (1 = no interleaving)")] = None,
     make_vocab_size_divisible_by: Annotated[Optional[int], typer.Option(
         "--make-vocab-size-divisible-by", help="target --make-vocab-size-divisible-by")] = None,
     vocab_size: Annotated[Optional[int], typer.Option(
@@ -319,7 +331,8 @@ def resume(
 
         only(output, (Output.TEXT, Output.JSON))
         ckpt = _read_one(path)
-        target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
+                              make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                               vocab_size=vocab_size, finetune=finetune, no_load_optim=no_load_optim,
                               no_load_rng=no_load_rng)
         pred = predict_resume(ckpt, target)
@@ -338,9 +351,11 @@ def resume(
 
 from ckptinspect.cli.manifest_cmd import register as _register_manifest  # noqa: E402 - after the app exists
 from ckptinspect.cli.scan_cmd import register as _register_scan  # noqa: E402
+from ckptinspect.cli.estimate_cmd import register as _register_estimate  # noqa: E402
 
 _register_manifest(app)
 _register_scan(app)
+_register_estimate(app)
 
 
 def main() -> None:

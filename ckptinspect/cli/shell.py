@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console, RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
+from rich.text import Text
 
 from ckptinspect.progress import ProgressHook
 from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
@@ -67,7 +70,33 @@ def console(stderr: bool = False) -> Console:
     width_env = os.environ.get("CKPTINSPECT_WIDTH")
     stream = sys.stderr if stderr else sys.stdout
     width = int(width_env) if width_env and width_env.isdigit() else (None if stream.isatty() else 160)
-    return Console(file=stream, width=width, soft_wrap=False, highlight=False)
+    return SafeConsole(file=stream, width=width, soft_wrap=False, highlight=False)
+
+
+# C0 / C1 control characters (an ESC sequence in a tensor key could rewrite the verdict line on a terminal) and lone
+# surrogates (a non-UTF-8 file name; unprintable), shown escaped. Newlines and tabs are layout.
+_UNSAFE_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def escape_controls(text: str) -> str:
+    return _UNSAFE_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                             else f"\\u{ord(m.group()):04x}", text)
+
+
+class SafeConsole(Console):
+    """A console that never lets checkpoint content drive the terminal: strings are not rich markup, and every
+    text segment is written with its control characters escaped (rich passes ESC and CSI through as is)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs["markup"] = False
+        return super().render_str(escape_controls(text), **kwargs)
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        for seg in super().render(renderable, options):
+            if seg.control is None and seg.text and _UNSAFE_CHARS.search(seg.text):
+                yield Segment(escape_controls(seg.text), seg.style, seg.control)
+            else:
+                yield seg
 
 
 def emit_text(renderable: RenderableType) -> None:
@@ -84,7 +113,7 @@ def exit_for(findings: list[Finding], fail_on: FailOn) -> int:
 
 
 def usage_exit(message: str) -> NoReturn:
-    console(stderr=True).print(f"[red]error:[/red] {message}", markup=True)
+    console(stderr=True).print(Text.assemble(("error:", "red"), " ", message))
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -130,7 +159,7 @@ def _broken(e: BrokenSaveDir, json_command: str | None) -> None:
                                                "findings": findings_list(findings)})))
     else:
         err = console(stderr=True)
-        err.print(f"[red]{e}[/red]", markup=True)
+        err.print(Text(str(e), style="red"))
         for f in findings:
             err.print(f"  {f.code} {f.severity.value}: {f.message}", markup=False)
 

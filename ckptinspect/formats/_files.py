@@ -106,7 +106,10 @@ def pickle_findings(report: PickleReport, subject: str, path: str) -> list[Findi
                 subject, path, {"globals": dangerous},
             )
         )
-    unknown = [g for g, v in report.globals.items() if v is GlobalClass.UNKNOWN]
+    called = {q: at for q, at in report.called.items() if q not in dangerous}
+    if called:
+        out.append(called_finding(called, subject, path, f"{subject}: pickle"))
+    unknown = [g for g, v in report.globals.items() if v is GlobalClass.UNKNOWN and g not in called]
     if unknown:
         out.append(
             Finding(
@@ -117,3 +120,14 @@ def pickle_findings(report: PickleReport, subject: str, path: str) -> list[Findi
             )
         )
     return out
+
+
+def called_finding(called: dict[str, str], subject: str, path: str | None, what: str,
+                   details: dict[str, object] | None = None) -> Finding:
+    """CK604: the pickle calls globals that are not inert constructors (the real loader would run them)."""
+    names = sorted(called)
+    return Finding(
+        "CK604", f"{what} calls {', '.join(names)}, which {'is' if len(names) == 1 else 'are'} not an inert "
+        "constructor: torch.load / pickle.load would run it (not executed here)", subject, path,
+        {**(details or {}), "globals": names, "calls": {q: called[q] for q in names}},
+    )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ckptinspect.errors import ReadError
+from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.pickling.unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 
@@ -58,8 +58,8 @@ def parse_shard_key(key: str) -> tuple[str, tuple[int, ...], tuple[int, ...]] | 
     `empty_from_unique_key` does.
     """
     m = _SHARD_KEY.match(key)
-    if m is None:
-        return None
+    if m is None or len(key) > 4096 or any(len(x) > 18 for x in re.split(r"[._]", key[m.start("offset"):])):
+        return None  # not a Megatron key: coordinates beyond int64 (or 4300 digits) are no grid cell
     offset = tuple(int(x) for x in m.group("offset").split("."))
     shape = tuple(int(x) for x in m.group("shape").split("."))
     if len(shape) + 1 == len(offset):
@@ -79,13 +79,15 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
         try:
             try:
                 root = load_pickle(data, report, discard_plans=True)
+            except LimitExceeded:
+                raise  # the walk's bound holds for the plain read too
             except ReadError:
                 # A pickle the plan-discarding fast path cannot take (a non-dict item state): read it plainly.
                 if isinstance(data, bytes):
-                    root = load_pickle(data, report)
+                    root = load_pickle(data, report, prewalked=True)
                 else:
                     data.seek(start)
-                    root = load_pickle(data, report)
+                    root = load_pickle(data, report, prewalked=True)
         except ReadError as e:
             raise ReadError(str(e), "CK603" if e.code == "CK603" else "CK106") from e
         state = _state(root)
@@ -93,18 +95,18 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
             # The fast path assumes the plans are the root's last field (Megatron sets `all_local_plans` after
             # torch built the Metadata); anything read after them would have been discarded. Read plainly.
             if isinstance(data, bytes):
-                root = load_pickle(data, report)
+                root = load_pickle(data, report, prewalked=True)
             else:
                 data.seek(start)
-                root = load_pickle(data, report)
+                root = load_pickle(data, report, prewalked=True)
             state = _state(root)
         if state is None or not isinstance(state.get("state_dict_metadata"), dict):
             what = getattr(root, "qualname", type(root).__name__)
             raise ReadError(f"not a DCP Metadata object (root is {what})", "CK106")
         try:
             return _convert(root, state, report)
-        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as e:
-            raise ReadError(f"malformed DCP Metadata: {type(e).__name__}: {e}", "CK106") from e
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError, ArithmeticError) as e:
+            raise ReadError(f"malformed DCP Metadata: {type(e).__name__}: {str(e)[:300]}", "CK106") from e
 
 
 def _plans_not_last(state: dict[str, Any] | None, report: PickleReport) -> bool:
@@ -156,7 +158,8 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
         if not isinstance(fqn, str):
             raise TypeError("MetadataIndex without an fqn")
         storage[(fqn, tuple(off) if off is not None else None)] = StoredItem(
-            str(path), int(offset), int(length), tuple(str(d) for d in descriptors) if descriptors else (),
+            str(path), _count(offset, "item offset"), _count(length, "item length"),
+            tuple(str(d) for d in descriptors) if descriptors else (),
         )
     raw_storage.clear()
 
@@ -184,7 +187,7 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
         mst = _state(md)
         if mst is None:
             raise TypeError(f"metadata entry for {key!r} is {type(md).__name__}")
-        size = tuple(int(x) for x in mst["size"])
+        size = _coords(mst["size"], "size of " + key[:200])
         raw_chunks = mst.get("chunks") or []
         chunks = []
         for c in raw_chunks:
@@ -192,8 +195,8 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
                 raise TypeError(f"chunk of {key!r} is not a ChunkStorageMetadata")
             cst = c[0] if c else None
             offs, sizes = cst if type(cst) is tuple and len(cst) == 2 else c.values()
-            offs = tuple(offs)
-            chunks.append(Chunk(offs, tuple(sizes), get((key, offs))))
+            offs = _coords(offs, "chunk offset")
+            chunks.append(Chunk(offs, _coords(sizes, "chunk size"), get((key, offs))))
         tensors.append(Tensor(key, size, _dtype(mst.get("properties")), tuple(chunks), None, mcore_data.get(key)))
         if isinstance(raw_chunks, list):
             raw_chunks.clear()
@@ -211,6 +214,34 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
         str(version) if version is not None else None, checkpoint_id, getattr(root, "qualname", "?"), unknown,
         orphans, report,
     )
+
+
+MAX_COORD = 1 << 62  # offsets, lengths, sizes: what int64 arithmetic downstream (numpy) can add without wrapping
+MAX_DIMS = 64
+
+
+def _count(x: Any, what: str) -> int:
+    """A non-negative integer within `MAX_COORD` (a float `inf`, a 5000-digit int or a negative length is no
+    coordinate: the `.metadata` is malformed)."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{what} is a {type(x).__name__}, not an int")
+    if not 0 <= x <= MAX_COORD:
+        raise ValueError(f"{what} is outside [0, 2**62] ({x.bit_length()}-bit{' negative' if x < 0 else ''} value)")
+    return x
+
+
+def _coords(values: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(values, (tuple, list)):
+        raise TypeError(f"{what} is a {type(values).__name__}, not a tuple")
+    if len(values) > MAX_DIMS:
+        raise ValueError(f"{what} has {len(values)} dimensions (bound {MAX_DIMS})")
+    out = tuple(_count(v, what) for v in values)
+    n = 1
+    for v in out:
+        n *= v
+        if n > MAX_COORD:
+            raise ValueError(f"{what}: {len(out)}-dim shape of more than 2**62 elements")
+    return out
 
 
 def _dtype(props: Any) -> str:

@@ -19,6 +19,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
 from ckptinspect.pickling.plain import to_plain, walk_tensors
 from ckptinspect.pickling.builders import TensorRef
+from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_file
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size
@@ -109,8 +110,12 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
             archive = read_torch_file(base / rel)
         except ReadError as e:
             findings.append(Finding(e.code, f"{rel}: {e}", rel, label))
+            if isinstance(e.report, PickleReport):  # what it referenced / called before failing still counts
+                findings.extend(pickle_findings(e.report, rel, label))
             continue
         findings.extend(pickle_findings(archive.report, rel, label))
+        if archive.report.unsafe:
+            continue  # the stand-ins of a hostile pickle are no state dict
         try:
             state = to_plain(archive.obj)
             prefix = "" if fname == MODEL_FILE else fname.removesuffix(".pt") + "."
@@ -126,6 +131,9 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
     args = first_state.get("args") if first_state else None
     args = args if isinstance(args, dict) else None
     grid = _shard_grid(shard_files, args)
+    chunks = _model_chunks(first_state)
+    if chunks:
+        grid["model_chunks"] = chunks
     topology, layout = topology_from(args, None, grid)
     iteration = first_state.get("iteration") if first_state else None
     common = (
@@ -178,6 +186,15 @@ def _stored(archive: TorchArchive, ref: TensorRef, rel: str) -> StoredItem | Non
         return None
     item = dtype_size(ref.dtype) or 0
     return StoredItem(rel, rec.data_offset + ref.storage_offset * item, ref.nbytes)
+
+
+def _model_chunks(state: dict[str, Any] | None) -> int:
+    """Virtual pipeline chunks in a legacy state dict: `model` = 1, `model0..modelN` = N+1 (generate_state_dict)."""
+    if not state:
+        return 0
+    if "model" in state:
+        return 1
+    return sum(1 for k in state if isinstance(k, str) and re.fullmatch(r"model\d+", k))
 
 
 def _shard_grid(shard_files: dict[str, list[str]], args: dict[str, Any] | None) -> dict[str, int]:

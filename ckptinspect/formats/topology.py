@@ -1,7 +1,9 @@
-"""Topology (TP/PP/DP/EP/world size) from args, cross-checked with what the files show.
+"""Topology (TP/PP/DP/CP/EP/ETP/VPP/world size) from args, cross-checked with what the files show.
 
-On-disk witnesses (reference §5.2): the `rng_state/shard_{pp}.{tp}_{PP}.{TP}` grid gives PP and TP, the length of
-Megatron's `all_local_plans` and the `rerun_state_machine_state/shard_{r}_{W}` grid give the save-time world size.
+On-disk witnesses (reference §5.2): the `rng_state/shard_{pp}.{tp}_{PP}.{TP}` grid gives PP and TP (with EP > 1
+Megatron-LM's `get_rng_state` writes a (PP, TP, DP×CP) grid instead), the length of Megatron's `all_local_plans`
+and the `rerun_state_machine_state/shard_{r}_{W}` grid give the save-time world size; legacy `model0..N` keys give
+the virtual pipeline size.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def layout_from_metadata(md: DcpMetadata | None) -> dict[str, int]:
             continue
         if o.family.endswith("rng_state") and len(o.grid) == 2 and "rng_pp" not in out:
             out["rng_pp"], out["rng_tp"] = o.grid
+        elif o.family.endswith("rng_state") and len(o.grid) == 3 and "rng_pp" not in out:
+            # EP > 1: Megatron-LM get_rng_state shards rng by (PP, TP, DP x CP), replica 0
+            out["rng_pp"], out["rng_tp"], out["rng_dpcp"] = o.grid
         elif o.family.endswith("rerun_state_machine_state") and len(o.grid) == 1 and "rerun_world" not in out:
             out["rerun_world"] = o.grid[0]
     if md.rank_items:
@@ -74,7 +79,39 @@ def topology_from(
         dp, sources["dp"] = world // (tp * pp * cp), "world_size / (tp * pp * cp)"
     if world is None and dp and tp and pp:
         world, sources["world_size"] = dp * tp * pp * cp, "tp * pp * dp * cp"
-    if ep is None and (tp or pp):
+    if dp is None and "rng_dpcp" in layout and layout["rng_dpcp"] % cp == 0:
+        dp, sources["dp"] = layout["rng_dpcp"] // cp, "rng_state grid (PP, TP, DP×CP)"
+    if ep is None and "rng_dpcp" in layout:
+        sources["ep"] = "rng_state grid (PP, TP, DP×CP): EP > 1, size unknown"
+    elif ep is None and (tp or pp):
         ep = 1
         sources["ep"] = "default"
-    return Topology(tp, pp, dp, ep, world, sources), layout
+    cp_out, etp, vpp = _layout_extras(args, layout, tp, sources)
+    return Topology(tp, pp, dp, ep, world, sources, cp_out, etp, vpp), layout
+
+
+def _layout_extras(args: Mapping[str, Any] | None, layout: Mapping[str, int], tp: int | None,
+                   sources: dict[str, str]) -> tuple[int | None, int | None, int | None]:
+    """CP, expert-TP and VPP: args first; VPP also from the legacy `model0..N` keys; defaults only with args."""
+    cp = _int(args, "context_parallel_size")
+    if cp is not None:
+        sources["cp"] = "args"
+    elif args:
+        cp, sources["cp"] = 1, "default"
+    experts = _int(args, "num_experts", "num_moe_experts")
+    etp = _int(args, "expert_tensor_parallel_size")
+    if etp is not None and experts:
+        sources["etp"] = "args"
+    elif experts and tp:
+        etp, sources["etp"] = tp, "default (= TP)"  # Megatron-LM validate_args
+    else:
+        etp = None
+    vpp = _int(args, "virtual_pipeline_model_parallel_size")
+    chunks = layout.get("model_chunks")
+    if vpp is not None:
+        sources["vpp"] = "args"
+    elif chunks:
+        vpp, sources["vpp"] = chunks, "model0..N keys" if chunks > 1 else "model key"
+    elif args:
+        vpp, sources["vpp"] = 1, "default"
+    return cp, etp, vpp

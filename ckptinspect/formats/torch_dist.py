@@ -19,6 +19,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats._files import pickle_findings, read_item_archive
 from ckptinspect.safeio import read_small
 from ckptinspect.pickling.plain import to_plain
+from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import read_torch_file
 from ckptinspect.formats.dcp import read_dcp_dir
 from ckptinspect.formats.dcp_metadata import DcpMetadata
@@ -62,7 +63,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
 
     common, common_source, common_findings = _read_common(path, label, md)
     findings.extend(common_findings)
-    if common is None and md is not None and not any(f.code in ("CK601", "CK206", "CK105", "CK603")
+    if common is None and md is not None and not any(f.code in ("CK601", "CK604", "CK206", "CK105", "CK603")
                                                       for f in common_findings):
         findings.append(
             Finding(
@@ -113,9 +114,11 @@ def _read_common(
             archive = read_torch_file(path / COMMON_PT)
         except ReadError as e:
             findings.append(Finding(e.code, f"common.pt: {e}", COMMON_PT, label))
+            if isinstance(e.report, PickleReport):  # what it referenced / called before failing still counts
+                findings.extend(pickle_findings(e.report, COMMON_PT, label))
             return None, COMMON_PT, findings
         findings.extend(pickle_findings(archive.report, COMMON_PT, label))
-        if archive.report.dangerous:
+        if archive.report.unsafe:
             return None, COMMON_PT, findings
         return _as_dict(archive.obj, findings, COMMON_PT, label), COMMON_PT, findings
     if md is None:
@@ -133,9 +136,11 @@ def _read_common(
         findings.append(
             Finding("CK105", f"common state item unreadable: {e}", COMMON_STATE_KEY, label, {"cause": e.code})
         )
+        if isinstance(e.report, PickleReport):
+            findings.extend(pickle_findings(e.report, COMMON_STATE_KEY, label))
         return None, COMMON_STATE_KEY, findings
     findings.extend(pickle_findings(archive.report, COMMON_STATE_KEY, label))
-    if archive.report.dangerous:
+    if archive.report.unsafe:
         return None, COMMON_STATE_KEY, findings  # CK601 says it all; the stand-ins are no state dict
     obj = archive.obj
     # Megatron-Core ≥0.19 saves `torch.save([common_state_dict])` (strategies/torch.py:317-322).

@@ -70,7 +70,8 @@ def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any, *
         dtype, key, snumel = storage.dtype, storage.key, storage.numel
     else:
         dtype, key, snumel = "unknown", None, None
-    return TensorRef(dtype, _ints(size), _ints(stride), key, int(storage_offset), snumel)
+    return TensorRef(dtype, _ints(size), _ints(stride), key, _int(storage_offset),
+                     _int(snumel) if snumel is not None else None)
 
 
 def _rebuild_tensor_v3(
@@ -92,10 +93,29 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
     return func
 
 
+MAX_DIMS = 64
+MAX_EXTENT = 1 << 62  # shapes, strides and offsets beyond this are no tensor (and would wrap int64 arithmetic)
+
+
 def _ints(value: Any) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)):
-        return tuple(int(v) for v in value)
-    raise ReadError(f"expected a shape, got {type(value).__name__}", "CK206")
+    if not isinstance(value, (tuple, list)):
+        raise ReadError(f"expected a shape, got {type(value).__name__}", "CK206")
+    if len(value) > MAX_DIMS:
+        raise LimitExceeded(f"tensor of {len(value)} dimensions (bound {MAX_DIMS})", "CK603")
+    out = tuple(_int(v) for v in value)
+    n = 1
+    for v in out:
+        n *= abs(v)
+        if n > MAX_EXTENT:
+            raise LimitExceeded(f"{len(out)}-dim shape of more than 2**62 elements", "CK603")
+    return out
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not -MAX_EXTENT <= v <= MAX_EXTENT:
+        what = f"{v.bit_length()}-bit int" if isinstance(v, int) else type(v).__name__
+        raise LimitExceeded(f"tensor coordinate out of bounds ({what})", "CK603")
+    return v
 
 
 def _get_layout(name: Any) -> str:

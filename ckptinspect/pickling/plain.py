@@ -25,9 +25,20 @@ class OpaqueValue:
         return f"<{self.qualname}>" if not self.summary else f"<{self.qualname} {self.summary}>"
 
 
+MAX_PLAIN_NODES = 2_000_000  # values built by one conversion (shared references count each time they are reached)
+
+
 def to_plain(obj: Any) -> Any:
-    """`_to_plain` with Python's own recursion limit also reported as a resource bound (CK603)."""
+    """`_to_plain` with Python's own recursion limit also reported as a resource bound (CK603).
+
+    A pickle can reference one list from many places ("billion laughs": 30 levels of two references to the level
+    below are 2**30 paths): the unpickler shares them, a plain copy would not. The conversion counts every value it
+    builds and stops at `MAX_PLAIN_NODES` (CK603)."""
+    _budget[0] = MAX_PLAIN_NODES
     try:
+        size = _expanded_size(obj, 0, {})
+        if size > MAX_PLAIN_NODES:
+            raise LimitExceeded(f"shared references expand to {size} values (bound {MAX_PLAIN_NODES})", "CK603")
         return _to_plain(obj, 0)
     except RecursionError as e:
         raise LimitExceeded("object nesting exceeds the interpreter's recursion limit", "CK603") from e
@@ -41,6 +52,12 @@ def _to_plain(obj: Any, depth: int = 0) -> Any:
     """
     if depth > MAX_NESTING:
         raise LimitExceeded(f"object nesting deeper than {MAX_NESTING}", "CK603")
+    _budget[0] -= 1
+    if _budget[0] < 0:
+        raise LimitExceeded(f"more than {MAX_PLAIN_NODES} values reached through shared references", "CK603")
+    if isinstance(obj, int) and not isinstance(obj, bool) and obj.bit_length() > MAX_INT_BITS:
+        # beyond CPython's int-to-str limit (4,300 digits): str() / repr() / JSON of it would raise
+        return OpaqueValue("int", f"{obj.bit_length()}-bit")
     if obj is None or isinstance(obj, (bool, int, float, complex, TensorRef, StorageRef)):
         return obj
     if isinstance(obj, (DType, StorageType)):
@@ -64,11 +81,47 @@ def _to_plain(obj: Any, depth: int = 0) -> Any:
         args = obj.__dict__.get("_args")
         if args is not None and len(args) == 1 and isinstance(args[0], (int, str, float)) and len(obj.__dict__) == 1:
             # Enum members pickle as `EnumClass(value)`.
-            return OpaqueValue(q, repr(args[0]))
+            return OpaqueValue(q, _short_repr(args[0]))
         return OpaqueValue(q, "")
     if isinstance(obj, slice):
-        return repr(obj)
+        return _short_repr(obj)
     return OpaqueValue(type(obj).__name__, "")
+
+
+_budget = [MAX_PLAIN_NODES]
+
+
+def _expanded_size(obj: Any, depth: int, memo: dict[int, int]) -> int:
+    """How many values a plain copy of `obj` would hold, counted once per distinct container (linear in what the
+    pickle built, whatever it expands to)."""
+    if depth > MAX_NESTING:
+        raise LimitExceeded(f"object nesting deeper than {MAX_NESTING}", "CK603")
+    if isinstance(obj, dict):
+        children: Any = [x for kv in obj.items() for x in kv]
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        children = obj
+    elif isinstance(obj, Obj):
+        children = list(obj.__dict__.values())
+    else:
+        return 1
+    known = memo.get(id(obj))
+    if known is not None:
+        return known
+    memo[id(obj)] = 1  # a cycle counts once
+    total = 1 + sum(_expanded_size(c, depth + 1, memo) for c in children)
+    memo[id(obj)] = total
+    return total
+MAX_INT_BITS = 13_000  # ~3,900 decimal digits
+
+
+def _short_repr(v: Any) -> str:
+    if isinstance(v, int) and v.bit_length() > MAX_INT_BITS:
+        return f"<{v.bit_length()}-bit int>"
+    try:
+        text = repr(v)
+    except (ValueError, RecursionError):
+        return f"<{type(v).__name__}>"
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _key(k: Any) -> Any:
@@ -76,7 +129,7 @@ def _key(k: Any) -> Any:
         hash(k)
         return k
     except TypeError:
-        return repr(k)
+        return _short_repr(k)
 
 
 def walk_tensors(obj: Any, prefix: str = "") -> list[tuple[str, TensorRef]]:

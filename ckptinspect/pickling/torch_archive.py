@@ -10,12 +10,16 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+import lzma
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.safeio import FileSlice, open_regular
+from ckptinspect.pickling.candidates import archive_walks
+from ckptinspect.pickling.walk import is_pickle_start, walk_stream
 from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error
 
 @dataclass(frozen=True, slots=True)
@@ -52,22 +56,38 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
         length = f.tell() - offset
     view = io.BufferedReader(FileSlice(f, offset, length))
     head = view.peek(4)[:4]
+    report = PickleReport()
     if not is_zip_archive(head):
-        if head[:1] == b"\x80":
-            raise ReadError("legacy (pre-1.6, non-zip) torch serialization is not supported", "CK206")
+        if is_pickle_start(head[:2]):
+            # torch.load takes any file that does not start with a zip local header for a legacy (pre-1.6) save and
+            # unpickles its first pickles with the plain unpickler: judge them before refusing the format.
+            report.merge_walk(walk_stream(view, length))
+            raise _with(ReadError("legacy (pre-1.6, non-zip) torch serialization is not supported", "CK206"),
+                        report)
         raise ReadError("not a torch zip archive (no PK header)", "CK206")
+    # The verdict covers every pickle any zip reader could take from these bytes (`candidates.py`), not only the one
+    # Python's zipfile picks below.
+    walks, _, _ = archive_walks(view, 0, length)
+    for w in walks:
+        if w.walk is not None:
+            report.merge_walk(w.walk, w.where)
+    limits = [w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)]
+    if limits:
+        w = limits[0]
+        raise _with(LimitExceeded(f"{w.where}: {w.problem or (w.walk.limit if w.walk else '')}", "CK603"), report)
     try:
         zf = zipfile.ZipFile(view)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
-        raise ReadError(f"not a readable zip archive: {short_error(e)}", "CK206") from e
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, KeyError,
+            UnicodeDecodeError) as e:
+        raise _with(ReadError(f"not a readable zip archive: {short_error(e)}", "CK206"), report) from e
     with zf:
         infos = zf.infolist()
         pkl = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
         if not pkl:
             pkl = [i for i in infos if i.filename == "data.pkl"]
         if not pkl:
-            raise ReadError("zip archive without data.pkl (not a torch.save archive)", "CK206")
-        info = pkl[0]
+            raise _with(ReadError("zip archive without data.pkl (not a torch.save archive)", "CK206"), report)
+        info = pkl[-1]  # of duplicates, zipfile and torch 2.13 read the later one
         prefix = info.filename[: -len("data.pkl")]
         records = {
             i.filename[len(prefix) :]: ArchiveRecord(
@@ -77,20 +97,30 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
             for i in infos
             if i.filename.startswith(prefix)
         }
+        if report.unsafe:
+            return TorchArchive(prefix, records, None, report)  # its stand-ins would be no state dict anyway
         if info.file_size > MAX_ARCHIVE_PICKLE_BYTES:
-            raise LimitExceeded(f"data.pkl claims {info.file_size} bytes", "CK603")
+            raise _with(LimitExceeded(f"data.pkl claims {info.file_size} bytes", "CK603"), report)
         try:
             with zf.open(info) as member:
                 data = member.read(MAX_ARCHIVE_PICKLE_BYTES + 1)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
-            raise ReadError(f"data.pkl unreadable: {short_error(e)}", "CK206") from e
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, zlib.error, lzma.LZMAError,
+                MemoryError) as e:  # corrupt deflate / bzip2 / LZMA data is a finding
+            raise _with(ReadError(f"data.pkl unreadable: {short_error(e)}", "CK206"), report) from e
         except RuntimeError as e:  # encrypted members
-            raise ReadError(f"data.pkl unreadable: {short_error(e)}", "CK206") from e
+            raise _with(ReadError(f"data.pkl unreadable: {short_error(e)}", "CK206"), report) from e
         if len(data) > MAX_ARCHIVE_PICKLE_BYTES:
-            raise LimitExceeded("data.pkl decompresses past the bound (zip bomb?)", "CK603")
-    report = PickleReport()
-    obj = load_pickle(data, report)
+            raise _with(LimitExceeded("data.pkl decompresses past the bound (zip bomb?)", "CK603"), report)
+    try:
+        obj = load_pickle(data, report)
+    except ReadError as e:
+        raise _with(e, report)
     return TorchArchive(prefix, records, obj, report)
+
+
+def _with(e: ReadError, report: PickleReport) -> ReadError:
+    e.report = report
+    return e
 
 
 def _data_offset(view: IO[bytes], info: zipfile.ZipInfo) -> int:

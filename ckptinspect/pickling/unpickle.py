@@ -25,7 +25,7 @@ from typing import IO, Any, ClassVar
 
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.pickling.builders import BUILDERS, DType, StorageRef, StorageType
-from ckptinspect.pickling.walk import walk_pickle
+from ckptinspect.pickling.walk import PickleWalk, walk_pickle, walk_stream
 from ckptinspect.pickling.allowlist import (
     TORCH_DTYPES,
     TORCH_STORAGE_DTYPES,
@@ -36,8 +36,46 @@ from ckptinspect.pickling.allowlist import (
 # Resource bounds. A pickle that exceeds them is reported (CK603), never followed to an out-of-memory kill.
 MAX_PICKLE_BYTES = 4 << 30  # a 1M-chunk `.metadata` is ~300 MB
 MAX_ARCHIVE_PICKLE_BYTES = 1 << 30  # `data.pkl` inside a torch archive
-PREWALK_MAX_BYTES = 16 << 20  # pickles up to this size are opcode-walked before unpickling (~0.15 µs per byte)
+PREWALK_MAX_BYTES = 16 << 20  # pickles up to this size are read whole; larger ones are walked and read as streams
+_RANK = {GlobalClass.ALLOWED: 0, GlobalClass.UNKNOWN: 1, GlobalClass.DANGEROUS: 2}
 MAX_NESTING = 200  # depth `to_plain` follows (two Python frames per level: stay far below the recursion limit)
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python (mutable); builtin types are not
+
+
+class FrozenClass(type):
+    """Metaclass of every stand-in class: a pickle cannot set or delete its attributes (BUILD's slot state would
+    `setattr` on the class). The reader itself sets them with `type.__setattr__`."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise AttributeError(f"stand-in class {cls.__name__} is immutable")
+
+    def __delattr__(cls, name: str) -> None:
+        raise AttributeError(f"stand-in class {cls.__name__} is immutable")
+
+
+def _frozen(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> Any:
+    return FrozenClass(name, bases, namespace)
+
+
+class FrozenCall:
+    """An allowed builder function as one load sees it: callable, immutable, no `__dict__`."""
+
+    __slots__ = ("_fn",)
+    _fn: Callable[..., Any]
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        object.__setattr__(self, "_fn", fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("stand-in builders are immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("stand-in builders are immutable")
 
 
 class Obj:
@@ -166,6 +204,22 @@ class PickleReport:
     """What one unpickling saw: every global it referenced, with the allowlist verdict."""
 
     globals: dict[str, GlobalClass] = field(default_factory=dict)
+    called: dict[str, str] = field(default_factory=dict)  # globals called that are not inert constructors → where
+
+    def merge_walk(self, walk: PickleWalk, where: str = "") -> None:
+        """Take over what the opcode walk of a pickle found (the verdict `scan` gives the same bytes)."""
+        for q, v in walk.globals.items():
+            prev = self.globals.get(q)
+            if prev is None or _RANK[v] > _RANK[prev]:
+                self.globals[q] = v
+        for q, at in walk.called.items():
+            self.called.setdefault(q, f"{at}{' of ' + where if where else ''}")
+
+    @property
+    def unsafe(self) -> bool:
+        """The real loader would run code from what was read: a dangerous global, or a call outside the inert
+        constructors."""
+        return bool(self.called) or bool(self.dangerous)
 
     @property
     def dangerous(self) -> list[str]:
@@ -222,6 +276,7 @@ class SafeUnpickler(pickle.Unpickler):
         self._shared: dict[type[Rec], Rec] = {}
         self._classes: dict[str, type[Obj]] = {}
         self._recs: dict[str, type[Rec]] = {}
+        self._builders: dict[str, Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         qual = f"{module}.{name}"  # reported as the pickle spells it
@@ -237,7 +292,7 @@ class SafeUnpickler(pickle.Unpickler):
                 self._enter_plans()
             fn = _FUNCTIONS.get((module, name))
             if fn is not None:
-                return fn
+                return self._builder(module, name, fn)
             if module == "torch" and name in TORCH_DTYPES:
                 return DType(TORCH_DTYPES[name])
             if module in ("torch", "torch.storage") and name in TORCH_STORAGE_DTYPES:
@@ -246,17 +301,30 @@ class SafeUnpickler(pickle.Unpickler):
                 return self._rec(qual)
             return self._stub(qual, StatefulObj)
         cls = self._stub(qual, Opaque)
-        cls.verdict = verdict  # type: ignore[attr-defined]
+        type.__setattr__(cls, "verdict", verdict)
         return cls
+
+    def _builder(self, module: str, name: str, fn: Callable[..., Any]) -> Any:
+        """The stand-in of an allowed function, made for this load only: a C type that cannot be changed (`tuple`,
+        `int`, ...) as is, a Python class as a frozen subclass, a Python function behind a frozen wrapper. BUILD on
+        what `find_class` returned must not change the reader for later loads (nor this one)."""
+        if isinstance(fn, type) and not (fn.__flags__ & _HEAPTYPE):
+            return fn
+        key = f"{module}.{name}"
+        made = self._builders.get(key)
+        if made is None:
+            made = _frozen(name, (fn,), {}) if isinstance(fn, type) else FrozenCall(fn)
+            self._builders[key] = made
+        return made
 
     def _rec(self, qual: str) -> type[Rec]:
         cls = self._recs.get(qual)
         if cls is None:
             fields = _COMPACT_FIELDS.get(qual)
             if fields is not None:
-                cls = type(qual.rsplit(".", 1)[-1], (CRec,), {"qualname": qual, "fields": fields})
+                cls = _frozen(qual.rsplit(".", 1)[-1], (CRec,), {"qualname": qual, "fields": fields})
             else:
-                cls = type(qual.rsplit(".", 1)[-1], (Rec,), {"qualname": qual})
+                cls = _frozen(qual.rsplit(".", 1)[-1], (Rec,), {"qualname": qual})
             self._recs[qual] = cls
             if self._in_plans and qual in _PLAN_DISCARD:
                 self._discard(cls, qual)
@@ -265,10 +333,10 @@ class SafeUnpickler(pickle.Unpickler):
     def _discard(self, cls: type[Rec], qual: str) -> None:
         # NEWOBJ returns one shared record per class (`dict.get(cls)`: C, no object per item) and BUILD empties the
         # state (C). The plan lists still hold one reference per item, so per-rank counts stay exact.
-        cls.__setstate__ = _PLAN_DISCARD[qual]
-        shared = type(cls.__name__, (Rec,), {"qualname": qual, "__setstate__": _PLAN_DISCARD[qual]})
+        type.__setattr__(cls, "__setstate__", _PLAN_DISCARD[qual])
+        shared = _frozen(cls.__name__, (Rec,), {"qualname": qual, "__setstate__": _PLAN_DISCARD[qual]})
         self._shared[cls] = shared()
-        cls.__new__ = staticmethod(self._shared.get)  # type: ignore[assignment]
+        type.__setattr__(cls, "__new__", staticmethod(self._shared.get))
 
     def _enter_plans(self) -> None:
         """From the first SavePlan on (Megatron's `all_local_plans`, ~half of a large `.metadata`), the items'
@@ -283,7 +351,7 @@ class SafeUnpickler(pickle.Unpickler):
     def _stub(self, qual: str, base: type[Obj]) -> type[Obj]:
         cls = self._classes.get(qual)
         if cls is None:
-            cls = type(qual.rsplit(".", 1)[-1], (base,), {"qualname": qual})
+            cls = _frozen(qual.rsplit(".", 1)[-1], (base,), {"qualname": qual})
             self._classes[qual] = cls
         return cls
 
@@ -327,29 +395,41 @@ _PLAN_DISCARD: Mapping[str, Any] = {
 
 
 def load_pickle(
-    source: bytes | memoryview | IO[bytes], report: PickleReport | None = None, discard_plans: bool = False
+    source: bytes | memoryview | IO[bytes], report: PickleReport | None = None, discard_plans: bool = False,
+    prewalked: bool = False,
 ) -> Any:
     """Unpickle `source` (bytes, or a binary file streamed from its current position) with `SafeUnpickler`.
 
+    Every pickle is opcode-walked first (`walk.py`: the verdict, the memo / nesting / length bounds), whatever
+    its size; `prewalked` skips that for a second read of bytes already walked into the same `report`.
     Raises `ReadError` (CK206) / `LimitExceeded` (CK603) on bad input. A file is streamed rather than read whole:
     a 1M-chunk `.metadata` is ~500 MB that need not sit in memory next to what it describes.
     """
+    report = report if report is not None else PickleReport()
     if not isinstance(source, (bytes, memoryview)):
-        # Small files are read whole so the walk below can vet them; large ones (a big `.metadata`) stream.
+        # Small files are read whole; large ones (a big `.metadata`) are walked as a stream, then unpickled from it.
         head = source.read(PREWALK_MAX_BYTES + 1)
         if len(head) <= PREWALK_MAX_BYTES:
             source = head
         else:
-            source.seek(-len(head), os.SEEK_CUR)
+            start = source.tell() - len(head)
+            size = source.seek(0, os.SEEK_END) - start
+            source.seek(start)
+            if size > MAX_PICKLE_BYTES:
+                raise LimitExceeded(f"pickle of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
+            if not prewalked:
+                # The memo bound must hold for every size: the walk streams (bounded memory), then the unpickler
+                # reads the same bytes again.
+                _vet(walk_stream(source, size), report)
+                source.seek(start)
     if isinstance(source, (bytes, memoryview)):
         if len(source) > MAX_PICKLE_BYTES:
             raise LimitExceeded(f"pickle of {len(source)} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
-        if len(source) <= PREWALK_MAX_BYTES:
-            # CPython's unpickler sizes its memo array from the largest index a PUT names and trusts length
-            # claims: a 12-byte pickle can make it allocate gigabytes. The opcode walk (no objects built) sees it.
-            walk = walk_pickle(source)
-            if walk.limit is not None:
-                raise LimitExceeded(f"pickle exceeds resource bounds: {walk.limit}", "CK603")
+        # CPython's unpickler sizes its memo array from the largest index a PUT names, trusts length claims and
+        # hashes nested tuples recursively in C: a 12-byte pickle can make it allocate gigabytes or overflow the C
+        # stack. The opcode walk (no objects built) sees it, and gives the verdict `scan` gives the same bytes.
+        if not prewalked:
+            _vet(walk_pickle(source), report)
         stream: IO[bytes] = io.BufferedReader(io.BytesIO(source))
     else:
         stream = source
@@ -362,6 +442,12 @@ def load_pickle(
         raise
     except Exception as e:  # noqa: BLE001 - any decoding failure of untrusted bytes is a finding, not a crash
         raise ReadError(f"not a readable pickle: {type(e).__name__}: {short_error(e)}", "CK206") from e
+
+
+def _vet(walk: PickleWalk, report: PickleReport) -> None:
+    report.merge_walk(walk)
+    if walk.limit is not None:
+        raise LimitExceeded(f"pickle exceeds resource bounds: {walk.limit}", "CK603")
 
 
 def short_error(e: BaseException) -> str:

@@ -31,22 +31,44 @@ def envelope(command: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def dumps(doc: Mapping[str, Any]) -> str:
+    """Strict JSON, ASCII only: valid UTF-8 whatever `PYTHONIOENCODING` says, lone surrogates and control
+    characters from checkpoint content escaped (`\\udcff`, `\\u001b`)."""
     try:
-        return json.dumps(doc, indent=2, default=_default, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        # Checkpoint content (args, common state) can hold what strict JSON cannot: tuple keys, NaN, infinity.
-        return json.dumps(_str_keys(doc, 0), indent=2, default=_default, ensure_ascii=False, allow_nan=False)
+        return json.dumps(doc, indent=2, default=_default, ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        # Checkpoint content (args, common state) can hold what strict JSON cannot: tuple keys, NaN, infinity,
+        # integers beyond CPython's 4300-digit str() limit, nesting deeper than the recursion limit.
+        return json.dumps(_str_keys(doc, 0), indent=2, default=_default, ensure_ascii=True, allow_nan=False)
+
+
+_MAX_INT_BITS = 13_000  # ~3,900 decimal digits: below CPython's int-to-str limit (4,300 digits)
+
+
+def safe_repr(o: Any, limit: int = 200) -> str:
+    """`repr` that never raises (huge ints, deep nesting) and is at most `limit` characters."""
+    if isinstance(o, int) and not isinstance(o, bool) and o.bit_length() > _MAX_INT_BITS:
+        return f"<{o.bit_length()}-bit int>"
+    try:
+        text = repr(o)
+    except (ValueError, RecursionError, MemoryError):
+        return f"<{type(o).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _str_keys(o: Any, depth: int) -> Any:
     if depth > 100:
-        return repr(o)[:200]
+        return f"<{type(o).__name__} nested deeper than 100 levels>"
     if isinstance(o, Mapping):
-        return {k if isinstance(k, str) else repr(k): _str_keys(v, depth + 1) for k, v in o.items()}
+        return {k if isinstance(k, str) else safe_repr(k): _str_keys(v, depth + 1) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
         return [_str_keys(v, depth + 1) for v in o]
     if isinstance(o, float) and (o != o or o in (float("inf"), float("-inf"))):
         return repr(o)
+    if isinstance(o, int) and not isinstance(o, bool) and o.bit_length() > _MAX_INT_BITS:
+        return safe_repr(o)
+    if not isinstance(o, (str, int, float, bool, type(None))):
+        return _str_keys(_default(o), depth + 1) if hasattr(o, "to_dict") or isinstance(o, (set, frozenset)) \
+            else _default(o)
     return o
 
 
@@ -59,7 +81,10 @@ def _default(o: Any) -> Any:
         return o.to_dict()
     if hasattr(o, "__dataclass_fields__"):
         return {k: getattr(o, k) for k in o.__dataclass_fields__}
-    return str(o)
+    try:
+        return str(o)[:10_000]
+    except (ValueError, RecursionError):
+        return f"<{type(o).__name__}>"
 
 
 def findings_list(findings: Iterable[Finding]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ def outcome_text(outcome: Outcome) -> Text:
 
 def _layout(d: Mapping[str, Any]) -> str:
     parts = [f"{k.upper()}{d[k] if d.get(k) is not None else '?'}" for k in ("tp", "pp", "dp", "ep", "cp")]
+    parts += [f"{k.upper()}{d[k]}" for k in ("etp", "vpp") if d.get(k) is not None]
     world = d.get("world_size")
     return " ".join(parts) + f"  (world {world if world is not None else '?'})"
 

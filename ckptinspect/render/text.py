@@ -99,14 +99,21 @@ def _short_path(path: str | None) -> str:
     return "/".join(parts[-2:])
 
 
+def _n(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
 def render_summary(s: Summary, ckpt: Checkpoint | None) -> RenderableType:
     t = Table(show_header=False, box=None, title="summary")
     if ckpt is not None:
         topo = ckpt.topology
         t.add_row("format", f"{ckpt.format.value if ckpt.format else '-'}  ({ckpt.generation or 'generation unknown'})")
         t.add_row("iteration", str(ckpt.iteration) if ckpt.iteration is not None else "-")
-        t.add_row("topology", f"TP={topo.tp} PP={topo.pp} DP={topo.dp} EP={topo.ep} world={topo.world_size}")
+        t.add_row("topology", f"TP={topo.tp} PP={topo.pp} DP={topo.dp} CP={_n(topo.cp)} EP={topo.ep} "
+                  f"ETP={_n(topo.etp)} VPP={_n(topo.vpp)} world={topo.world_size}")
         t.add_row("optimizer", ckpt.optimizer_sharding or "-")
+    if s.dtypes:
+        t.add_row("dtypes", ", ".join(f"{c} " + "/".join(s.dtypes[c]) for c in s.dtypes))
     t.add_row("content", f"{s.tensors} tensors, {s.chunks} chunks, {s.objects} objects, {s.files} files, "
               f"{human_bytes(s.bytes)}")
     t.add_row("components", ", ".join(f"{c} {human_bytes(s.by_component[c])}" for c in COMPONENTS))

@@ -30,6 +30,7 @@ class AuditOptions:
     """What to run. select / ignore: code prefixes (`--select`, `--ignore`)."""
 
     deep: bool = False
+    hash: bool = False  # hash every file the manifest lists (`--hash`; `--deep` implies it)
     all_iterations: bool = False
     manifest: Path | None = None
     select: tuple[str, ...] = ()
@@ -91,7 +92,8 @@ def audit_checkpoint(
     name: str | None = None,
 ) -> CheckpointAudit:
     ckpt = read_checkpoint(path, label, megatron_context)
-    ctx = replace(opts.context, deep=opts.deep and full, manifest=opts.manifest if full else None)
+    ctx = replace(opts.context, deep=opts.deep and full, hash=(opts.hash or opts.deep) and full,
+                  manifest=opts.manifest if full else None)
     findings: list[Finding] = list(ckpt.findings)
     for check_name, check in CHECKS:
         if ckpt.format is None or (not full and check_name in CHEAP_SKIP):
@@ -108,10 +110,24 @@ def audit(path: Path, opts: AuditOptions | None = None, label: str | None = None
     if not (path.exists() or path.is_symlink()):
         raise UsageError(f"{label}: no such file or directory")
     if path_kind(path) is Kind.CHECKPOINT:
-        one = audit_checkpoint(path, label, opts)
-        return AuditReport(label, Kind.CHECKPOINT, one.status, one.findings, (one,), one, None,
-                           summarize(one.checkpoint))
+        one, summary = _summarized(audit_checkpoint(path, label, opts), opts)
+        return AuditReport(label, Kind.CHECKPOINT, one.status, one.findings, (one,), one, None, summary)
     return _audit_save_dir(path, label, opts)
+
+
+def _summarized(a: CheckpointAudit, opts: AuditOptions) -> tuple[CheckpointAudit, Summary]:
+    """The summary (bytes per rank) of an audited checkpoint, and the findings that rest on it: CK801 when DP rank 0
+    wrote the weights that a fully parallel save would spread (`capabilities/estimate/concentration.py`)."""
+    from ckptinspect.capabilities.estimate.concentration import writer_concentration
+
+    summary = summarize(a.checkpoint)
+    label = a.checkpoint.path
+    extra = filter_findings((f.with_path(label) for f in writer_concentration(a.checkpoint, summary.by_rank)),
+                            opts.select, opts.ignore)
+    if not extra:
+        return a, summary
+    kept = a.findings + tuple(extra)
+    return replace(a, status=status_of(kept), findings=kept), summary
 
 
 def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
@@ -125,14 +141,18 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
     statuses = {a.name or "": a.status for a in audits}
     dir_findings = tuple(filter_findings((f for f in tracker.run(save, statuses, label)), opts.select, opts.ignore))
     picked = next((a for a in audits if pick is not None and a.name == pick.name), None)
+    summary = None
+    if picked is not None:
+        index = audits.index(picked)
+        picked, summary = _summarized(picked, opts)
+        audits[index] = picked
     status = worst_status([picked.status if picked else Status.COMPLETE, status_of(dir_findings)])
     if picked is None and not dir_findings:
         status = Status.UNRECOGNIZED
     flat: list[Finding] = list(dir_findings)
     for a in audits:
         flat.extend(a.findings)
-    return AuditReport(label, Kind.SAVE_DIR, status, tuple(flat), tuple(audits), picked, save,
-                       summarize(picked.checkpoint) if picked else None)
+    return AuditReport(label, Kind.SAVE_DIR, status, tuple(flat), tuple(audits), picked, save, summary)
 
 
 def _join(label: str, name: str) -> str:

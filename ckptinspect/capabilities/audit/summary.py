@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckptinspect.model import Checkpoint
@@ -43,13 +43,14 @@ class Summary:
     by_component: dict[str, int]
     by_rank: dict[int, dict[str, int]]
     by_file: dict[str, dict[str, int]]
+    dtypes: dict[str, dict[str, int]] = field(default_factory=dict)  # component -> dtype -> tensor count
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "tensors": self.tensors, "chunks": self.chunks, "objects": self.objects, "files": self.files,
             "bytes": self.bytes, "payload_bytes": self.payload_bytes, "by_component": self.by_component,
             "by_rank": {str(k): v for k, v in sorted(self.by_rank.items())},
-            "by_file": self.by_file,
+            "by_file": self.by_file, "dtypes": self.dtypes,
         }
 
 
@@ -58,9 +59,12 @@ def summarize(ckpt: Checkpoint) -> Summary:
     # (file, component) -> bytes; the component is decided once per tensor, not per chunk
     acc: dict[tuple[str, str], int] = defaultdict(int)
     chunks = 0
+    dtypes: dict[str, dict[str, int]] = {}
     for t in ckpt.tensors:
         comp = component_of(t.key)
         chunks += len(t.chunks)
+        per = dtypes.setdefault(comp, {})
+        per[t.dtype] = per.get(t.dtype, 0) + 1
         for c in t.chunks:
             st = c.storage
             if st is not None:
@@ -80,4 +84,5 @@ def summarize(ckpt: Checkpoint) -> Summary:
         tensors=len(ckpt.tensors), chunks=chunks, objects=len(ckpt.objects), files=len(ckpt.files),
         bytes=ckpt.data_bytes, payload_bytes=sum(t.nbytes for t in ckpt.tensors),
         by_component=by_component, by_rank=dict(by_rank), by_file=dict(sorted(by_file.items())),
+        dtypes={c: dict(sorted(dtypes[c].items())) for c in COMPONENTS if c in dtypes},
     )

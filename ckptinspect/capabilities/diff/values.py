@@ -175,6 +175,10 @@ def _map(path: Path, code: str, offset: int, length: int, storage_offset: int, s
         return np.zeros(shape, dtype=dt)
     n = length // dt.itemsize
     span = storage_offset + (1 + sum((s - 1) * st for s, st in zip(shape, strides)) if strides else count)
+    if strides and any(st == 0 and sz > 1 for sz, st in zip(shape, strides)):
+        # A stride-0 view repeats storage elements: a few stored bytes would stand for any number of elements (and
+        # as much comparison work). DCP clones views before saving; such a chunk is not a stored tensor.
+        raise ReadError(f"{path.name}@{offset}: tensor view with a zero stride over {count} elements")
     if storage_offset < 0 or span > n or (strides and min(strides) < 0):
         raise ReadError(f"{path.name}@{offset}: tensor view [{storage_offset}, {span}) outside its storage ({n})")
     try:

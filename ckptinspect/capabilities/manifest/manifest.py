@@ -215,6 +215,7 @@ def verify_manifest(
     progress: ProgressHook | None = None,
     path_label: str | None = None,
     known_sizes: Mapping[str, int] | None = None,
+    hash_files: bool = True,
 ) -> ManifestReport:
     """Verify `manifest` (default ``ckpt_dir/integrity.json``) against the files of `ckpt_dir`, read-only.
 
@@ -222,7 +223,8 @@ def verify_manifest(
     2. Cheap checks, before reading a byte: listed files missing / not regular (CK402); an empty file whose listed
        digest is not the empty digest, or a size that differs from `known_sizes` (sizes of the files those digests
        were taken from, e.g. `sizes_from_report` of an earlier report) (CK401).
-    3. Hash the rest in parallel, biggest first (CK401 mismatch, CK402 unreadable).
+    3. Hash the rest in parallel, biggest first (CK401 mismatch, CK402 unreadable) — unless `hash_files` is False
+       (`audit` without `--hash` / `--deep`: work proportional to a metadata-level verdict).
     4. Unless verifying a shard K > 0: top-level regular files the manifest does not list (CK403, warning).
 
     shard: ``(K, N)`` verifies only entries with ``shard_of(name, N) == K``; N runs cover the manifest once.
@@ -261,8 +263,10 @@ def verify_manifest(
                                f"digest was taken from (not hashed)", name, label, expected=expected[:16],
                                expected_sha256=expected, actual=None, size=size, expected_size=known_sizes[name]))
             results[name] = FileResult(name, expected, None, size, False)
-        else:
+        elif hash_files:
             jobs.append((name, _member(ckpt_dir, name), size))
+        else:
+            results[name] = FileResult(name, expected, None, size, False)  # not hashed: no claim either way
 
     hashed = hash_many(jobs, workers, progress, f"sha256 {label}")
     for name, _, _ in jobs:  # report in manifest order, whatever order the threads finished in

@@ -21,7 +21,7 @@ class FileResult:
     expected: the digest the manifest lists.
     actual: the digest computed, or None when the file was not (fully) read.
     size: bytes on disk, or None when missing / not a regular file.
-    ok: True when `actual == expected`.
+    ok: True when `actual == expected` (False when it was not hashed: `actual` is None).
     """
 
     name: str

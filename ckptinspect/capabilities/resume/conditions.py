@@ -28,10 +28,14 @@ def _m_topology(f: _Facts) -> str | None:
 
 
 def _m_legacy_split(f: _Facts) -> str | None:
-    if not f.legacy or not (f.split_changed or f.ep_changed):
+    if not f.legacy or not (f.split_changed or f.ep_changed or f.vpp_changed):
         return None
     version = f.common.get("checkpoint_version")
-    if f.t.finetune or not f.split_changed:
+    if f.vpp_changed and not (f.split_changed or f.ep_changed):
+        why = (f"each shard file holds {'model0..model' + str(f.src.vpp - 1) if f.src.vpp > 1 else 'model'}; the "
+               f"run loads state_dict['model%d' % i] per virtual stage ({f.dst.vpp} chunk(s)), so the keys or the "
+               "per-chunk layer sets differ (KeyError / load_state_dict size mismatch)")
+    elif f.t.finetune or not f.split_changed:
         why = ("each rank opens get_checkpoint_name(mp_rank_TT[_PPP][_EEE]) for its new coordinates: those files are "
                "missing or hold another split's shapes ('could not load the checkpoint', sys.exit)")
     elif isinstance(version, (int, float)) and version < 3.0:
@@ -101,10 +105,16 @@ def _m_args(f: _Facts) -> str | None:
 
 
 def _m_reshard(f: _Facts) -> str | None:
-    if f.legacy or not (f.split_changed or f.ep_changed):
+    if f.legacy or not f.layout_changed:
         return None
+    how = []
+    if f.ep_changed or f.etp_changed:
+        how.append("experts are stored stacked (layers, experts, …) at global expert offsets")
+    if f.vpp_changed:
+        how.append("layers are stored at global layer offsets, so the virtual stages only regroup them")
     return (f"{f.tp_pp()}: load_checkpoint regenerates the sharded state dict for the "
-            "new split and DCP reads each new shard from the stored chunks (global shapes unchanged)")
+            "new split and DCP reads each new shard from the stored chunks (global shapes unchanged"
+            + "".join(f"; {h}" for h in how) + ")")
 
 
 def _m_load(f: _Facts) -> str | None:
@@ -145,7 +155,7 @@ def _o_flattened(f: _Facts) -> str | None:
 
 
 def _o_legacy_split(f: _Facts) -> str | None:
-    if not f.legacy or not (f.split_changed or f.ep_changed):
+    if not f.legacy or not (f.split_changed or f.ep_changed or f.vpp_changed):
         return None
     return (f"legacy optimizer state belongs to the saved (TP, PP) shards (model_optim_rng.pt, distrib_optim.pt "
             f"buffers of that split): {f.tp_pp()} has no loader for it")
@@ -170,17 +180,41 @@ def _o_split_fixed(f: _Facts) -> str | None:
             "or --no-load-optim")
 
 
-def _o_ep_fixed(f: _Facts) -> str | None:
-    if f.legacy or not f.ep_changed or f.sharding not in DISTOPT_TYPES - FULLY_RESHARDABLE:
+def _o_expert_split(f: _Facts) -> str | None:
+    if f.legacy or (f.src.ep > 1) == (f.dst.ep > 1) or not f.has_optimizer:
         return None
-    return (f"EP {f.src.ep} → {f.dst.ep} with {f.sharding}: the expert buffers' bucket tensors have the per-rank "
-            "global shape (gbuf_world_numel_unpadded,), which changes with the experts per rank → 'Global shape "
-            "mismatch' (not checked by load_checkpoint's (TP, PP) guard; inferred from "
-            "sharded_param_state_dp_reshardable, [mc] distrib_optimizer.py:1603-1687)")
+    return (f"EP {f.src.ep} → {f.dst.ep}: expert params get their own chained DistributedOptimizer only when EP > 1 "
+            "(allreduce = not (is_expert and EP > 1), [mc] tensor_parallel/layers.py:886; get_megatron_optimizer, "
+            "[mc] optimizer/__init__.py:647-682), so the saved and the resumed runs chain a different number of "
+            "optimizers: dp_reshardable state is missing under the new `chained_{i}.` keys, fully reshardable state "
+            "fails in DistributedOptimizer.load_state_dict (KeyError 'optimizer', [mc] distrib_optimizer.py:755). "
+            "Use --no-load-optim")
+
+
+def _o_ep_fixed(f: _Facts) -> str | None:
+    if f.legacy or not (f.ep_changed or f.etp_changed) or f.sharding not in DISTOPT_TYPES - FULLY_RESHARDABLE:
+        return None
+    if not f.etp_changed and (f.src.ep > 1) != (f.dst.ep > 1):
+        return None  # optimizer.expert-split says why
+    what = " and ".join(x for x, c in ((f"EP {f.src.ep} → {f.dst.ep}", f.ep_changed),
+                                       (f"ETP {f.src.etp} → {f.dst.etp}", f.etp_changed)) if c)
+    return (f"{what} with {f.sharding}: the expert buffers' bucket tensors have the per-rank "
+            "global shape (gbuf_world_numel_unpadded,), which changes with the expert slices per rank → 'Global "
+            "shape mismatch' ([mc] strategies/torch.py _validate_global_shapes; not checked by load_checkpoint's "
+            "(TP, PP) guard; inferred from sharded_param_state_dp_reshardable, [mc] distrib_optimizer.py:1603-1687)")
+
+
+def _o_vpp_fixed(f: _Facts) -> str | None:
+    if f.legacy or not f.vpp_changed or f.sharding not in DISTOPT_TYPES - FULLY_RESHARDABLE:
+        return None
+    return (f"VPP {f.src.vpp} → {f.dst.vpp} with {f.sharding}: the DistributedOptimizer keeps one grad buffer per "
+            "model chunk (gbuf_idx_{chunk}), so the bucket tensors' global shapes follow the virtual stages → "
+            "'Global shape mismatch' ([mc] strategies/torch.py _validate_global_shapes; not checked by "
+            "load_checkpoint's (TP, PP) guard). Save with --dist-ckpt-optim-fully-reshardable, or --no-load-optim")
 
 
 def _o_reshard(f: _Facts) -> str | None:
-    if not (f.split_changed or f.ep_changed):
+    if not f.layout_changed:
         return None
     if f.sharding in FULLY_RESHARDABLE:
         return (f"{f.sharding} is in checkpoint_fully_reshardable_formats: model-space state (one tensor per param "
@@ -190,13 +224,13 @@ def _o_reshard(f: _Facts) -> str | None:
 
 
 def _o_dp(f: _Facts) -> str | None:
-    if not f.dp_changed:
+    if not f.dpcp_changed:
         return None
-    dp = f"DP {f.src.dp} → {f.dst.dp}"
+    dp = f.dp_cp()
     if f.sharding == "dp_reshardable":
         return (f"{dp}: dp_reshardable bucket tensors have the DP-independent global shape "
-                "(gbuf_world_numel_unpadded,); every new DP rank reads its own range ([mc] distrib_optimizer.py "
-                "sharded_param_state_dp_reshardable)")
+                "(gbuf_world_numel_unpadded,); every new DP×CP rank reads its own range ([mc] distrib_optimizer.py "
+                "sharded_param_state_dp_reshardable; the optimizer shards over the DP×CP group)")
     if f.sharding == "dp_zero_gather_scatter" or (f.legacy and f.args.get("use_distributed_optimizer")):
         where = "distrib_optim.pt" if f.legacy else "the param_state object"
         return (f"{dp}: DP rank 0 loads the whole unpadded buffer from {where} and scatters it, padded for the new "
@@ -208,6 +242,9 @@ def _o_dp(f: _Facts) -> str | None:
 
 
 def _loaded(f: _Facts) -> str | None:
+    if f.dst.cp != f.src.cp and not f.dpcp_changed:
+        return (f"{f.dp_cp()}: the DistributedOptimizer shards over the DP×CP group, whose size is unchanged, so "
+                "every rank reads the range it wrote")
     return "same split: restored as saved"
 
 
@@ -247,6 +284,19 @@ def _r_split(f: _Facts) -> str | None:
     return (f"'(TP, PP) mismatch after resume ({f.dst.tp}, {f.dst.pp} vs {f.src.tp}, {f.src.pp} from checkpoint): "
             "RNG state will be ignored' — load_checkpoint requests rng_state only when ckpt_tp_pp == run_tp_pp "
             "(a ShardedObject on the (PP, TP) grid cannot be resharded); dropout streams restart from the seed")
+
+
+def _r_ep_grid(f: _Facts) -> str | None:
+    if f.legacy or f.split_changed:
+        return None
+    s, d = f.src, f.dst
+    if (s.ep > 1) == (d.ep > 1) and not (s.ep > 1 and f.dpcp_changed):
+        return None
+    saved, asked = ("(PP, TP, DP×CP)" if lay.ep > 1 else "(PP, TP)" for lay in (s, d))
+    return (f"EP {s.ep} → {d.ep}, {f.dp_cp()}: get_rng_state shards rng_state by (PP, TP, DP×CP) with replica 0 "
+            f"when EP > 1, else by (PP, TP); the checkpoint holds the {saved} grid, the run requests "
+            f"{asked}{' of another DP×CP size' if saved == asked else ''} → the load fails on the missing "
+            "rng_state shards (load_checkpoint requests rng_state whenever (TP, PP) match). Pass --no-load-rng")
 
 
 def _r_dp_init(f: _Facts) -> str | None:

@@ -58,12 +58,38 @@ class _Facts:
         return self.src.ep != self.dst.ep
 
     @property
+    def etp_changed(self) -> bool:
+        return self.src.etp is not None and self.dst.etp is not None and self.src.etp != self.dst.etp
+
+    @property
+    def vpp_changed(self) -> bool:
+        return self.src.vpp != self.dst.vpp
+
+    @property
     def dp_changed(self) -> bool:
         return self.dst.dp is None or self.src.dp is None or self.dst.dp != self.src.dp
 
+    @property
+    def dpcp_changed(self) -> bool:
+        """The DistributedOptimizer's DP × CP group size changes (or is unknown)."""
+        return self.dst.dp_cp is None or self.src.dp_cp is None or self.dst.dp_cp != self.src.dp_cp
+
+    @property
+    def layout_changed(self) -> bool:
+        """Anything that changes which model slices a rank holds: TP, PP, EP, ETP or VPP."""
+        return self.split_changed or self.ep_changed or self.etp_changed or self.vpp_changed
+
     def tp_pp(self) -> str:
         ep = f", EP {self.src.ep} → {self.dst.ep}" if self.ep_changed else ""
-        return f"(TP, PP) ({self.src.tp}, {self.src.pp}) → ({self.dst.tp}, {self.dst.pp}){ep}"
+        etp = f", ETP {self.src.etp} → {self.dst.etp}" if self.etp_changed else ""
+        vpp = f", VPP {self.src.vpp} → {self.dst.vpp}" if self.vpp_changed else ""
+        return f"(TP, PP) ({self.src.tp}, {self.src.pp}) → ({self.dst.tp}, {self.dst.pp}){ep}{etp}{vpp}"
+
+    def dp_cp(self) -> str:
+        s, d = self.src, self.dst
+        if s.cp == d.cp == 1:
+            return f"DP {s.dp} → {d.dp}"
+        return f"DP×CP {s.dp}×{s.cp} → {d.dp}×{d.cp}"
 
     def skip_flag(self, optim: bool) -> str | None:
         if self.t.finetune:
@@ -76,7 +102,9 @@ def _layouts(ckpt: Checkpoint, t: ResumeTarget, args: Mapping[str, Any]) -> tupl
     topo = ckpt.topology
     cp = _int(args.get("context_parallel_size")) or 1
     # Megatron's load_checkpoint defaults a missing TP/PP in the checkpoint args to 1.
-    src = Layout(topo.tp or 1, topo.pp or 1, topo.dp, topo.ep or 1, cp, topo.world_size)
+    experts = _int(args.get("num_experts"))
+    src_etp = topo.etp or ((topo.tp or 1) if experts else None)
+    src = Layout(topo.tp or 1, topo.pp or 1, topo.dp, topo.ep or 1, cp, topo.world_size, src_etp, topo.vpp or 1)
     dcp = t.cp or cp
     dp, how = t.dp, "given"
     if dp is None:
@@ -85,7 +113,10 @@ def _layouts(ckpt: Checkpoint, t: ResumeTarget, args: Mapping[str, Any]) -> tupl
             dp, how = src.world_size // (t.tp * t.pp * dcp), f"derived: saved world size {src.world_size}"
         elif src.world_size is None and src.dp and (src.tp, src.pp, src.cp) == (t.tp, t.pp, dcp):
             dp, how = src.dp, "as saved (the saved world size is unknown)"
-    dst = Layout(t.tp, t.pp, dp, t.ep or src.ep, dcp, dp * t.tp * t.pp * dcp if dp else None)
+    # ETP not given: as saved, except that Megatron-LM's default ETP = TP follows a TP change
+    etp = t.etp or (None if src.etp is None else t.tp if src.etp == src.tp else src.etp)
+    dst = Layout(t.tp, t.pp, dp, t.ep or src.ep, dcp, dp * t.tp * t.pp * dcp if dp else None, etp,
+                 t.vpp or src.vpp)
     return src, dst, how
 
 
@@ -115,11 +146,13 @@ def _problems(a: Mapping[str, Any], src: Layout, dst: Layout) -> list[str]:
         out.append(f"EP {ep} without MoE (args have no num_experts): expert parallelism needs experts "
                    "(Megatron-LM arguments.py validate_args)")
     if experts and dst.world_size:
-        etp = _int(a.get("expert_tensor_parallel_size"))
-        etp = tp if etp is None or etp == src.tp else etp
+        etp = dst.etp or tp
         if dst.world_size % (etp * ep * pp):
             out.append(f"world size {dst.world_size} is not divisible by ETP×EP×PP {etp * ep * pp} "
                        "([mc] parallel_state.py:791-796)")
+    if dst.vpp > 1 and layers and layers % (pp * dst.vpp) and not any(a.get(k) for k in _UNEVEN_PP_ARGS):
+        out.append(f"num_layers {layers} is not divisible by PP × VPP {pp * dst.vpp} (Megatron-LM arguments.py "
+                   "validate_args: every virtual stage needs a whole number of layers)")
     gbs, mbs = _int(a.get("global_batch_size")), _int(a.get("micro_batch_size"))
     if gbs and mbs and dst.dp and not a.get("rampup_batch_size") and gbs % (mbs * dst.dp):
         out.append(f"the saved global_batch_size {gbs} is not divisible by micro_batch_size {mbs} × DP {dst.dp} "

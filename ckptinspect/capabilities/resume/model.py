@@ -63,6 +63,8 @@ class ResumeTarget:
     finetune: bool = False
     no_load_optim: bool = False
     no_load_rng: bool = False
+    etp: int | None = None
+    vpp: int | None = None  # virtual pipeline stages per PP rank; 1 = no interleaving
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +77,17 @@ class Layout:
     ep: int
     cp: int
     world_size: int | None
+    etp: int | None = None  # None without experts
+    vpp: int = 1
+
+    @property
+    def dp_cp(self) -> int | None:
+        """The DistributedOptimizer's sharding group size (DP × CP)."""
+        return None if self.dp is None else self.dp * self.cp
 
     def to_dict(self) -> dict[str, int | None]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "etp": self.etp, "vpp": self.vpp}
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ def predict_resume(ckpt: Checkpoint, target: ResumeTarget) -> ResumePrediction:
     Raises `UsageError` for non-positive sizes and for formats this does not model (torch_dcp, fsdp_dtensor).
     A broken or unrecognized checkpoint is a prediction whose model component fails.
     """
-    for name in ("tp", "pp", "dp", "ep", "cp", "make_vocab_size_divisible_by", "vocab_size"):
+    for name in ("tp", "pp", "dp", "ep", "cp", "etp", "vpp", "make_vocab_size_divisible_by", "vocab_size"):
         value = getattr(target, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, not {value!r}")

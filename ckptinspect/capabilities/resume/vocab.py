@@ -34,10 +34,14 @@ def _vocab(ckpt: Checkpoint, a: Mapping[str, Any], src: Layout, t: ResumeTarget)
     elif v is None:
         how = f"size unknown: the tokenizer's, somewhere in ({low_saved}, {saved}]"
     cands = []
-    for value in range(max(saved // t.tp, 1), 0, -1):
-        q = value * t.tp
-        if saved % q == 0 and (v is None or _pad(v, q) == saved):
-            cands.append(VocabCandidate(value, saved - q, saved, v is not None or q >= step_saved))
+    # Every `make-vocab-size-divisible-by` value whose padding (value × TP) divides the saved size: the divisors of
+    # saved / TP, found by trial division up to its square root (closed form in the size of the number, no loop
+    # over the value itself); an absurd saved size (a hostile or corrupt args) gets no candidate list.
+    if 0 < saved <= MAX_CANDIDATE_SEARCH and t.tp > 0 and saved % t.tp == 0:
+        for value in _divisors_desc(saved // t.tp):
+            q = value * t.tp
+            if v is None or _pad(v, q) == saved:
+                cands.append(VocabCandidate(value, saved - q, saved, v is not None or q >= step_saved))
     q = m * t.tp
     if v is not None:
         return VocabPrediction(saved, _pad(v, q), v, how, m, t.tp, hidden, tuple(keys), tuple(cands))
@@ -51,5 +55,21 @@ def _vocab(ckpt: Checkpoint, a: Mapping[str, Any], src: Layout, t: ResumeTarget)
     return VocabPrediction(saved, predicted, None, how, m, t.tp, hidden, tuple(keys), tuple(cands), note)
 
 
+MAX_CANDIDATE_SEARCH = 1 << 40  # sqrt = 2**20 trial divisions at most
+
+
+def _divisors_desc(n: int) -> list[int]:
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+    return large + small[::-1]
+
+
 def _pad(v: int, multiple: int) -> int:
-    return int(math.ceil(v / multiple) * multiple)
+    """`v` rounded up to a multiple of `multiple`, in exact integers (a float ceil overflows on huge values)."""
+    if multiple <= 0:
+        return v
+    return -(-int(v) // multiple) * multiple

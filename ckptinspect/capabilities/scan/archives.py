@@ -12,24 +12,28 @@ from __future__ import annotations
 
 import io
 import re
-import zipfile
-import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.findings import Finding
+from ckptinspect.pickling.candidates import archive_walks, blob_walks
+from ckptinspect.formats._files import called_finding
+from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
-from ckptinspect.pickling.walk import PickleWalk, is_pickle_start, walk_pickle
-from ckptinspect.safeio import FileSlice
-from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, MAX_PICKLE_BYTES
+from ckptinspect.pickling.walk import PickleWalk, is_pickle_start, walk_pickle, walk_stream
+from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PREWALK_MAX_BYTES
 
 MAX_NESTED = 3  # zip archives inside zip archives
 MAX_MEMBERS = 100_000  # members of one archive
 MAX_NESTED_BYTES = 256 << 20  # a compressed nested archive is inflated in memory up to this
-MAX_FALLBACK_BYTES = 4 << 30  # unreferenced .distcp bytes searched for archives, per file
+MAX_FALLBACK_BYTES = 4 << 30  # kept for callers; unreferenced bytes are walked by zip headers, never searched whole
+MAX_TAIL = 22 + 0xFFFF  # an end record lies within its archive's last 64 KiB + 22 bytes
 ZIP_LOCAL = b"PK\x03\x04"
 ZIP_END = b"PK\x05\x06"
+CENTRAL = b"PK\x01\x02"
+END64 = b"PK\x06\x06"
+END64_LOCATOR = b"PK\x06\x07"
 _STORAGE_DIR = re.compile(r"(^|/)data/[^/]+$")  # torch archive storages: raw tensor bytes, never unpickled
 
 
@@ -108,7 +112,11 @@ class ContainerScan:
         if member:
             details["member"] = member
         dangerous = sorted(q for q, v in verdicts.items() if v is GlobalClass.DANGEROUS)
-        unknown = sorted(q for q, v in verdicts.items() if v is GlobalClass.UNKNOWN)
+        called = {q: at for q, at in walk.called.items() if q not in dangerous}
+        unknown = sorted(q for q, v in verdicts.items() if v is GlobalClass.UNKNOWN and q not in called)
+        if called:
+            self.findings.append(called_finding(called, subject, where.label, f"{subject}: pickle in {loc}",
+                                                details))
         if dangerous:
             self.findings.append(Finding(
                 "CK601", f"{subject}: pickle in {loc} references dangerous callable(s) {', '.join(dangerous)}"
@@ -139,8 +147,17 @@ class ContainerScan:
                 self.bound(where, f"pickle of {where.length} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
                 return True
             f.seek(where.offset)
+            if where.length > PREWALK_MAX_BYTES:
+                self.walked(where, None, walk_stream(f, where.length), where.length)  # bounded memory
+                return True
             data = f.read(where.length)
-            self.walked(where, None, walk_pickle(data), len(data))
+            walk = walk_pickle(data)
+            self.walked(where, None, walk, len(data))
+            for w in blob_walks(data, walk, "pickle", 1):
+                if w.walk is not None:
+                    self.walked(where, w.where, w.walk, w.size)
+                else:
+                    self.bound(where, f"{w.where}: {w.problem}")
             return True
         if not head:
             self.problem(where, "empty: no archive and no pickle", where.unreadable_code)
@@ -154,145 +171,117 @@ class ContainerScan:
                                      {"file": where.file, "offset": where.offset, "length": where.length}))
 
     def archive(self, f: IO[bytes], where: Where, depth: int) -> bool:
-        """Scan a zip archive: its `.pkl` members, and members that are archives themselves."""
-        view = io.BufferedReader(FileSlice(f, where.offset, where.length))
-        try:
-            zf = zipfile.ZipFile(view)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError,
-                KeyError, UnicodeDecodeError) as e:
-            self.problem(where, f"not a readable zip archive ({_short(e)})", where.unreadable_code)
+        """Scan a zip archive: every pickle any zip reader could take from it (`pickling.candidates.archive_walks`: member
+        name case, duplicates, second central directories, prepended bytes, pickles in tensor storages and byte
+        strings), and members that are archives themselves."""
+        walks, members, why = archive_walks(f, where.offset, where.length)
+        if not members:
+            self.problem(where, f"not a readable zip archive ({why})", where.unreadable_code)
             return False
-        with zf:
-            infos = zf.infolist()
-            if len(infos) > MAX_MEMBERS:
-                self.bound(where, f"archive has {len(infos)} members (bound {MAX_MEMBERS})")
-                return True
-            pickles = [i for i in infos if i.filename.endswith(".pkl")]
-            if not pickles and depth == 0:
-                self.problem(where, "zip archive without a .pkl member (not a torch.save archive)",
-                             where.unreadable_code)
-            for info in pickles:
-                self.member_pickle(zf, info, where)
-            for info in infos:
-                # A nested archive needs at least a local header and an end record; torch's own small members
-                # (`version`, `byteorder`, ...) and its storages (`data/N`, raw tensor bytes) are skipped.
-                if info.file_size < 22 + 30 or info.filename.endswith(".pkl") or _STORAGE_DIR.search(info.filename):
-                    continue
-                self.nested(f, zf, info, where, depth)
+        if len(members) > MAX_MEMBERS:
+            self.bound(where, f"archive has {len(members)} members (bound {MAX_MEMBERS})")
+            return True
+        if depth == 0 and not any(is_pickle_member(m.name) for m in members):
+            self.problem(where, "zip archive without a .pkl member (not a torch.save archive)", where.unreadable_code)
+        for w in walks:
+            if w.walk is not None:
+                self.walked(where, w.where, w.walk, w.size)
+            elif w.limit:
+                self.bound(where, f"{w.where}: {w.problem}")
+            else:
+                self.problem(where, f"{w.where} unreadable: {w.problem}", where.unreadable_code)
+        for m in members:
+            # A nested archive needs at least a local header and an end record; torch's own small members
+            # (`version`, `byteorder`, ...) and its storages (`data/N`, raw tensor bytes) are skipped.
+            if m.size < 22 + 30 or is_pickle_member(m.name) or _STORAGE_DIR.search(m.name):
+                continue
+            self.nested(f, m, where, depth)
         return True
 
-    def member_pickle(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: Where) -> None:
-        name = info.filename
-        if info.file_size > MAX_ARCHIVE_PICKLE_BYTES:
-            self.bound(where, f"{name} claims {info.file_size} bytes uncompressed (bound "
-                              f"{MAX_ARCHIVE_PICKLE_BYTES}; zip bomb?)")
-            return
-        data = _read_member(zf, info, MAX_ARCHIVE_PICKLE_BYTES)
-        if isinstance(data, str):
-            self.problem(where, f"{name} unreadable: {data}", where.unreadable_code)
-            return
-        if len(data) > MAX_ARCHIVE_PICKLE_BYTES:
-            self.bound(where, f"{name} inflates past {MAX_ARCHIVE_PICKLE_BYTES} bytes (zip bomb?)")
-            return
-        self.walked(where, name, walk_pickle(data), len(data))
-
-    def nested(self, f: IO[bytes], zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: Where, depth: int) -> None:
+    def nested(self, f: IO[bytes], m: ZipMember, where: Where, depth: int) -> None:
         """A member that is itself a zip archive (a `torch.save` stored inside an archive) is scanned too."""
-        try:
-            with zf.open(info) as m:
-                head = m.read(4)
-        except Exception:  # noqa: BLE001 - any failure of a non-pickle member: nothing to scan there
+        start = data_offset(f, where.offset, where.length, m)
+        if start is None:
             return
-        if head != ZIP_LOCAL:
-            return
-        inner = Where(where.label, f"{where.subject}!{info.filename}", where.file, where.offset, where.length,
+        if m.method == 0:
+            f.seek(where.offset + start)
+            if f.read(4) != ZIP_LOCAL:
+                return
+        inner = Where(where.label, f"{where.subject}!{m.name}", where.file, where.offset, where.length,
                       where.unreadable_code)
+        if m.method == 0:
+            if depth + 1 > MAX_NESTED:
+                self.bound(inner, f"archives nested deeper than {MAX_NESTED}")
+                return
+            self.archive(f, Where(inner.label, inner.subject, inner.file, where.offset + start, m.compressed_size,
+                                  inner.unreadable_code), depth + 1)
+            return
+        data = member_bytes(f, where.offset, where.length, m, MAX_NESTED_BYTES)
+        if isinstance(data, str) or data[:4] != ZIP_LOCAL:
+            return
         if depth + 1 > MAX_NESTED:
             self.bound(inner, f"archives nested deeper than {MAX_NESTED}")
             return
-        if info.compress_type == zipfile.ZIP_STORED:
-            start = _member_data_offset(f, where.offset, info)
-            if start is not None and start + info.file_size <= where.offset + where.length:
-                self.archive(f, Where(inner.label, inner.subject, inner.file, start, info.file_size,
-                                      inner.unreadable_code), depth + 1)
-                return
-        if info.file_size > MAX_NESTED_BYTES:
-            self.bound(inner, f"compressed nested archive of {info.file_size} bytes (bound {MAX_NESTED_BYTES})")
-            return
-        data = _read_member(zf, info, MAX_NESTED_BYTES)
-        if isinstance(data, str) or len(data) > MAX_NESTED_BYTES:
-            self.problem(inner, f"nested archive unreadable: {data if isinstance(data, str) else 'too large'}",
-                         where.unreadable_code)
+        if len(data) > MAX_NESTED_BYTES:
+            self.bound(inner, f"compressed nested archive of more than {MAX_NESTED_BYTES} bytes")
             return
         self.archive(io.BytesIO(data), Where(inner.label, inner.subject, inner.file, 0, len(data),
                                              inner.unreadable_code), depth + 1)
 
     def unreferenced(self, f: IO[bytes], label: str, subject: str, file_rel: str, start: int, end: int) -> None:
-        """Bytes of a data file no stored item covers (no `.metadata`, stale bytes): torch writes items as zip
-        archives back to back, so each candidate runs from a local header to an end record. A candidate that does
-        not open (an end-record signature inside tensor bytes) is skipped without a finding."""
-        if end - start > MAX_FALLBACK_BYTES:
-            self.bound(Where(label, subject, file_rel, start, end - start, None),
-                       f"{end - start} unreferenced bytes: only the first {MAX_FALLBACK_BYTES} are searched")
-            end = start + MAX_FALLBACK_BYTES
-        cur = start
-        for rec_at in _find_all(f, ZIP_END, start, end):
-            if rec_at < cur:
-                continue
-            f.seek(rec_at + 20)
-            clen = f.read(2)
-            stop = rec_at + 22 + (int.from_bytes(clen, "little") if len(clen) == 2 else 0)
-            if stop > end:
-                continue
-            begin = _find(f, ZIP_LOCAL, cur, rec_at)
-            if begin is None:
-                continue
-            if self.archive(f, Where(label, f"{subject}@{begin}", file_rel, begin, stop - begin, None, True), 0):
-                cur = stop
+        """Bytes of a data file no stored item covers (no `.metadata`, a stale file, stale bytes): torch writes items
+        as zip archives back to back, and its local headers carry no sizes (data descriptors), so the archives are
+        found from the end backwards: each end record gives its archive's start (end record - directory size -
+        directory offset), right after the previous archive's end record. Only end records and directories are
+        read, never the tensor bytes; what does not chain that way is not searched further."""
+        found: list[tuple[int, int]] = []
+        stop = end
+        while stop - start >= 22 and len(found) < MAX_MEMBERS:
+            lo = max(start, stop - MAX_TAIL)
+            f.seek(lo)
+            tail = f.read(stop - lo)
+            at = _end_record(tail)
+            if at is None:
+                break
+            begin = _archive_start(f, lo + at, tail[at : at + 22])
+            if begin is None or begin < start:
+                break
+            found.append((begin, stop))
+            stop = begin
+        for begin, finish in reversed(found):
+            self.archive(f, Where(label, f"{subject}@{begin}", file_rel, begin, finish - begin, None, True), 0)
 
 
 # --- helpers -------------------------------------------------------------------------------------------------------
 
 
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, bound: int) -> bytes | str:
-    """At most bound+1 bytes of an archive member, or why it cannot be read."""
-    try:
-        with zf.open(info) as m:
-            return m.read(bound + 1)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, zlib.error,
-            KeyError, UnicodeDecodeError) as e:
-        return _short(e)
+def _end_record(tail: bytes) -> int | None:
+    """Offset in `tail` of the end record whose comment reaches the end of `tail` (the last signature otherwise)."""
+    i = tail.rfind(ZIP_END)
+    last = i
+    while i >= 0:
+        if i + 22 <= len(tail) and i + 22 + int.from_bytes(tail[i + 20 : i + 22], "little") == len(tail):
+            return i
+        i = tail.rfind(ZIP_END, 0, i)
+    return last if last >= 0 else None
 
 
-def _member_data_offset(f: IO[bytes], base: int, info: zipfile.ZipInfo) -> int | None:
-    """Absolute offset of a stored member's bytes: after its 30-byte local header, name and extra field."""
-    try:
-        f.seek(base + info.header_offset)
-        head = f.read(30)
-    except (OSError, ValueError):
+def _archive_start(f: IO[bytes], at: int, rec: bytes) -> int | None:
+    """Where the archive whose end record is at `at` starts (zip64 end records followed when present)."""
+    if len(rec) < 22:
         return None
-    if len(head) < 30 or head[:4] != ZIP_LOCAL:
-        return None
-    return base + info.header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30],
-                                                                                                  "little")
-
-
-def _find_all(f: IO[bytes], needle: bytes, start: int, end: int, block: int = 1 << 20) -> Iterator[int]:
-    """Every offset of `needle` in [start, end) of `f`, read block by block (bounded memory)."""
-    pos = start
-    keep = len(needle) - 1
-    while pos < end:
-        f.seek(pos)
-        chunk = f.read(min(block, end - pos))
-        if not chunk:
-            return
-        i = chunk.find(needle)
-        while i >= 0:
-            yield pos + i
-            i = chunk.find(needle, i + 1)
-        if pos + len(chunk) >= end:
-            return
-        pos += max(1, len(chunk) - keep)
+    cd_size, cd_offset, dir_end = int.from_bytes(rec[12:16], "little"), int.from_bytes(rec[16:20], "little"), at
+    if at >= 20:
+        f.seek(at - 20)
+        loc = f.read(20)
+        if loc[:4] == END64_LOCATOR and at - 76 >= 0:
+            f.seek(at - 76)
+            r64 = f.read(56)
+            if r64[:4] == END64:
+                cd_size, cd_offset = int.from_bytes(r64[40:48], "little"), int.from_bytes(r64[48:56], "little")
+                dir_end = at - 76
+    begin = dir_end - cd_size - cd_offset
+    return begin if 0 <= begin <= at else None
 
 
 def _find(f: IO[bytes], needle: bytes, start: int, end: int) -> int | None:

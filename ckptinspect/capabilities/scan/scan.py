@@ -35,6 +35,7 @@ from typing import IO, Any
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of
 from ckptinspect.capabilities.scan.archives import ContainerScan, Where
+from ckptinspect.safeio import leaves_dir
 from ckptinspect.pickling.walk import walk_pickle
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
@@ -137,10 +138,21 @@ class _Scan(ContainerScan):
             if name.endswith(PICKLE_SUFFIXES):
                 self.pickle_file(p, rel, label, prefix + name)
             elif name.endswith(".distcp") or name in items:
+                if items and name not in items:
+                    self.findings.append(Finding(
+                        "CK204", f"{prefix}{name}: data file not referenced by .metadata (stale leftover?); scanned "
+                        "by its zip headers", prefix + name, label, {"file": _join_rel(rel, name)}))
                 self.data_file(p, rel, label, prefix, name, items.get(name, []))
         for name in sorted(set(items) - set(files)):
-            # `.metadata` may name files in sub-directories (relative_path with a '/'); scan those too.
-            if "/" in name and ".." not in name.split("/"):
+            # `.metadata` may name files in sub-directories (relative_path with a '/'), or outside the checkpoint
+            # dir: DCP's FileSystemReader opens `path / relative_path` whatever it is (torch 2.13 filesystem.py
+            # `read_data`), so those are scanned too, and leaving the dir is a finding of its own.
+            if leaves_dir(name):
+                self.findings.append(Finding(
+                    "CK207", f"{prefix}{name}: .metadata places {len(items[name])} item(s) outside the checkpoint "
+                    "dir; DCP would read (and unpickle) them from there", prefix + name, label,
+                    {"file": _join_rel(rel, name), "items": len(items[name])}))
+            if "/" in name or leaves_dir(name):
                 self.data_file(path / name, rel, label, prefix, name, items[name])
 
     def open_regular(self, p: Path, window: Window | None = None) -> IO[bytes] | None:
@@ -277,14 +289,13 @@ def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, Sto
     for key, item in items:
         by_file.setdefault(item.file, []).append((key, item))
     for name in sorted(by_file):
-        if name.startswith("/") or ".." in name.split("/"):
-            continue
+        # Also outside the checkpoint dir: DCP reads them from there (the storage check reports CK207).
         s.data_file(ckpt_dir / name, "", label, "", name, by_file[name], gaps=False)
     findings = [f for f in s.findings if report_unreadable or f.code in _SAFETY_CODES]
     return ScanReport(label, status_of(findings), tuple(findings), tuple(s.pickles))
 
 
-_SAFETY_CODES = frozenset({"CK601", "CK602", "CK603"})
+_SAFETY_CODES = frozenset({"CK601", "CK602", "CK603", "CK604"})
 
 
 def stored_items(tensors: Iterable[Tensor], objects: Iterable[ObjectItem]) -> Iterator[tuple[str, StoredItem]]:

@@ -1,0 +1,595 @@
+"""The opcode walker's engine: one pickle segment walked over a byte buffer or a stream, never built.
+
+`walk_segment` moves a cursor over the opcodes (argument layout and stack effect from `opcodes.py`) and keeps a
+model of the stack and the memo in which each entry is one of:
+- an `int`: an untracked value, holding its nesting depth (0 for a scalar, 1 + the deepest part for a container);
+- a `str` of at most `MAX_TRACKED_STR` characters (module / attribute names for STACK_GLOBAL);
+- a `_Val`: a global (as GLOBAL / STACK_GLOBAL / INST / EXT pushed it) or a value built from globals that may not be
+  called (its "taint"), with its depth.
+
+What it records into the `PickleWalk` (`walk.py`): every global referenced (with the allowlist verdict), every
+global CALLED that is not an inert constructor (`callables.py`: REDUCE / OBJ / INST need an exact `CALLABLE` name,
+NEWOBJ an allowed class, BUILD on a class object or a tainted value counts as a call, `THROUGH` entries call their
+arguments), nesting beyond `MAX_DEPTH` whatever opcode builds it (the C unpickler hashes a tuple used as a dict key
+or set member recursively, in C: 100,000 levels overflow the C stack), memo indices beyond what was memoized, and
+byte strings that hold a pickle or a zip archive (Transformer Engine's `_extra_state`, a pickled `BytesIO`).
+
+Memory: the memo keeps one byte of depth per slot (a `bytearray`) plus the tracked strings / `_Val`s; a stream is
+read in windows of `WINDOW` bytes, so a 4 GB `.metadata` is walked in bounded memory.
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import codecs
+import copyreg
+import functools
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
+
+from ckptinspect.pickling.callables import THROUGH_CALL, THROUGH_NEW, callable_safely
+from ckptinspect.pickling.allowlist import GlobalClass, classify
+from ckptinspect.pickling.opcodes import (  # the opcode table
+    HIGHEST_PROTOCOL,
+    _A_FIXED,
+    _A_INVALID,
+    _A_LEN,
+    _A_LINE2,
+    _A_NONE,
+    _DUP,
+    _EXT,
+    _FRAME,
+    _GENERIC,
+    _GET,
+    _GLOBAL,
+    _INST,
+    _MARK,
+    _MEMOIZE,
+    _POP,
+    _PROTO,
+    _PUT,
+    _STACK_GLOBAL,
+    _STOP,
+    _STR,
+    _T,
+    _TEXT_MEMO,
+)
+
+if TYPE_CHECKING:
+    from ckptinspect.pickling.walk import PickleWalk
+
+MAX_TRACKED_STR = 1024  # longer strings cannot be module/attribute names worth tracking: kept as opaque values
+MAX_DEPTH = 250  # nesting of containers / calls; real state dicts stay below ~20
+MAX_LINE = 1 << 20  # protocol-0 argument lines
+MAX_BLOBS = 1000  # embedded pickles / archives recorded per stream
+MAX_GLOBAL_NAMES = 10_000  # distinct globals per stream
+WINDOW = 8 << 20  # stream read size
+
+# Qualified name recorded for a STACK_GLOBAL whose module/name were not literal strings.
+DYNAMIC_GLOBAL = "<dynamic STACK_GLOBAL>"
+
+_NAMES = _T.names
+_CALL_OPS = {ord("R"): "REDUCE", ord("\x81"): "NEWOBJ", ord("\x92"): "NEWOBJ_EX", ord("b"): "BUILD",
+             ord("o"): "OBJ"}
+_MODIFY_OPS = frozenset(ord(c) for c in "ae" "s" "u" "\x90")  # APPEND(S) SETITEM(S) ADDITEMS: container stays
+_BLOB_OPS = frozenset({ord("B"), ord("C"), ord("\x8e"), ord("\x96")})  # BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8
+_PERSID_OPS = frozenset({ord("P"), ord("Q")})
+_PICKLE_HEADS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+_ZIP_HEAD = b"PK\x03\x04"
+_LATIN1_PICKLE_HEADS = tuple("\x80".encode() + bytes([p]) for p in (2, 3, 4, 5))
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalRef:
+    """One global a pickle references: where (byte offset of the opcode) and through which opcode."""
+
+    module: str
+    name: str
+    opcode: str
+    offset: int
+    verdict: GlobalClass
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.name}" if self.module else self.name
+
+
+class _Val:
+    """A tracked non-string stack value: a global, or a value built from globals that may not be called."""
+
+    __slots__ = ("qual", "call_ok", "new_ok", "through", "taint", "ntaint", "depth")
+
+    def __init__(self, qual: str | None, taint: frozenset[str], ntaint: frozenset[str], depth: int,
+                 call_ok: bool = False, new_ok: bool = False, through: int = 0) -> None:
+        self.qual = qual  # set for a global as pushed; None for a derived value
+        self.call_ok = call_ok  # REDUCE / OBJ / INST on it runs no code
+        self.new_ok = new_ok  # NEWOBJ on it runs no code (an allowed class)
+        self.through = through  # 0, or what it does to its arguments: _THROUGH_CALL / _THROUGH_NEW
+        self.taint = taint  # globals inside that may not be called
+        self.ntaint = ntaint  # globals inside that may not even be instantiated (outside the allowlist)
+        self.depth = depth
+
+
+_THROUGH_CALL, _THROUGH_NEW = 2, 1
+
+
+_EMPTY: frozenset[str] = frozenset()
+
+
+def _depth(v: object) -> int:
+    if isinstance(v, int):
+        return v
+    if isinstance(v, _Val):
+        return v.depth
+    return 0
+
+
+def _combine(values: list[object], extra: int = 1) -> object:
+    """The value built from `values`: depth 1 + the deepest, the union of their taints."""
+    depth = 0
+    taint: frozenset[str] = _EMPTY
+    ntaint: frozenset[str] = _EMPTY
+    for v in values:
+        c = v.__class__
+        if c is int:
+            if v > depth:  # type: ignore[operator]
+                depth = v  # type: ignore[assignment]
+        elif c is _Val:
+            if v.depth > depth:  # type: ignore[attr-defined]
+                depth = v.depth  # type: ignore[attr-defined]
+            if v.taint:  # type: ignore[attr-defined]
+                taint = taint | v.taint  # type: ignore[attr-defined]
+                if v.ntaint:  # type: ignore[attr-defined]
+                    ntaint = ntaint | v.ntaint  # type: ignore[attr-defined]
+    depth += extra
+    return _Val(None, taint, ntaint, depth) if taint else depth
+
+
+class Stop(Exception):
+    """The current segment cannot be walked further (malformed, or `limit`: a resource bound was hit)."""
+
+    def __init__(self, message: str, offset: int, limit: bool = False) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.limit = limit
+
+
+class Source:
+    """The bytes being walked: a whole buffer, or a stream of `total` bytes read in windows.
+
+    `buf[pos]` is the byte at absolute offset `base + pos`.
+    """
+
+    def __init__(self, data: bytes | None, stream: IO[bytes] | None = None, total: int | None = None) -> None:
+        self.buf = data if data is not None else b""
+        self.stream = stream
+        self.base = 0
+        self.total = len(self.buf) if total is None else total
+
+    def fill(self, pos: int, need: int) -> int:
+        """Make `need` bytes from `pos` available; return the new `pos` (the buffer may have moved). Raises `Stop`
+        when the data ends first."""
+        absolute = self.base + pos
+        if self.stream is None or absolute + need > self.total:
+            raise Stop(f"truncated at byte {absolute}: {need} bytes needed, {self.total - absolute} remain", absolute)
+        keep = self.buf[pos:]
+        want = max(WINDOW, need - len(keep))
+        more = self.stream.read(min(want, self.total - absolute - len(keep)))
+        self.buf = keep + more
+        self.base = absolute
+        if len(self.buf) < need:
+            self.total = self.base + len(self.buf)
+            raise Stop(f"truncated at byte {self.base + len(self.buf)}: the stream ended early", absolute)
+        return 0
+
+    def skip(self, pos: int, n: int) -> int:
+        """Move past `n` bytes without keeping them; return the new `pos`."""
+        if pos + n <= len(self.buf):
+            return pos + n
+        absolute = self.base + pos
+        if self.stream is None or absolute + n > self.total:
+            raise Stop(f"truncated at byte {absolute}", absolute)
+        left = n - (len(self.buf) - pos)
+        while left > 0:
+            got = self.stream.read(min(left, WINDOW))
+            if not got:
+                raise Stop(f"truncated at byte {absolute}: the stream ended early", absolute)
+            left -= len(got)
+        self.buf = b""
+        self.base = absolute + n
+        return 0
+
+    def line(self, pos: int) -> tuple[int, int]:
+        """(pos, index of the next newline at or after pos), refilling as needed."""
+        nl = self.buf.find(b"\n", pos)
+        while nl < 0:
+            if len(self.buf) - pos > MAX_LINE:
+                raise Stop(f"argument line at byte {self.base + pos} longer than {MAX_LINE} bytes",
+                           self.base + pos, limit=True)
+            have = len(self.buf) - pos
+            pos = self.fill(pos, have + 1)
+            nl = self.buf.find(b"\n", pos + have)
+        return pos, nl
+
+
+def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stack: int) -> int:
+    """Walk one pickle starting at `src.buf[pos]`; return the position after its STOP. Raises `Stop`."""
+    stack: list[object] = []
+    marks: list[int] = []
+    # The memo: filled slots are [0, prefix) plus `sparse`; their count is where MEMOIZE stores (C `memo_len`,
+    # pickle.py `len(memo)`). Modelled exactly, or a crafted pickle could make a later GET feed STACK_GLOBAL a string
+    # the walker did not expect. `depths[i]` is slot i's nesting depth; `tracked` holds its str / `_Val`.
+    prefix = 0
+    sparse: set[int] = set()
+    tracked: dict[int, object] = {}
+    depths = bytearray()
+    textmemo = _TEXT_MEMO
+    proto = 0
+    t = _T
+    names, argk, asize, asigned, acts = t.names, t.argk, t.asize, t.asigned, t.act
+    markp, popsp, pushesp = t.mark, t.pops, t.pushes
+    call_ops, modify_ops, blob_ops, persid_ops = _CALL_OPS, _MODIFY_OPS, _BLOB_OPS, _PERSID_OPS
+    ops = walk.ops
+    buf = src.buf
+    end = len(buf)
+    try:
+        while True:
+            if pos >= end:
+                pos = src.fill(pos, 1)
+                buf, end = src.buf, len(src.buf)
+            code = buf[pos]
+            ak = argk[code]
+            if ak == _A_INVALID:
+                raise Stop(f"invalid opcode 0x{code:02x} at byte {src.base + pos}", src.base + pos)
+            ops += 1
+            if ops > max_ops:
+                raise Stop(f"more than {max_ops} opcodes", src.base + pos, limit=True)
+            start = src.base + pos
+            pos += 1
+            act = acts[code]
+            # 1. the argument (sliced only when the action needs it)
+            arg: bytes | None = None
+            if ak == _A_NONE:
+                pass
+            elif ak == _A_FIXED:
+                n = asize[code]
+                if pos + n > end:
+                    pos = src.fill(pos, n)
+                    buf, end = src.buf, len(src.buf)
+                if act != _GENERIC:
+                    arg = buf[pos : pos + n]
+                pos += n
+            elif ak == _A_LEN:
+                h = asize[code]
+                if pos + h > end:
+                    pos = src.fill(pos, h)
+                    buf, end = src.buf, len(src.buf)
+                n = int.from_bytes(buf[pos : pos + h], "little", signed=asigned[code])
+                pos += h
+                if n < 0:
+                    raise Stop(f"{names[code]} at byte {start} has a negative length {n}", start)
+                if src.base + pos + n > src.total:
+                    raise _length_claim(names[code], start, n, src.total - src.base - pos, src.total)
+                if act == _STR or (code in blob_ops and n >= 8):
+                    want = n if act == _STR and n <= MAX_TRACKED_STR else 4
+                    if pos + want > end:
+                        pos = src.fill(pos, min(want, n))
+                        buf, end = src.buf, len(src.buf)
+                    head = buf[pos : pos + 4]
+                    if n >= 8 and len(walk.blobs) < MAX_BLOBS:
+                        if act != _STR and (head[:2] in _PICKLE_HEADS or head == _ZIP_HEAD):
+                            walk.blobs.append((src.base + pos, n, False))
+                        elif act == _STR and (head[:3] in _LATIN1_PICKLE_HEADS or head == _ZIP_HEAD):
+                            # protocol 2 writes bytes as `_codecs.encode(str, 'latin1')`: the str, UTF-8 encoded
+                            walk.blobs.append((src.base + pos, n, True))
+                    arg = buf[pos : pos + n] if act == _STR and n <= MAX_TRACKED_STR else None
+                if pos + n <= end:
+                    pos += n
+                else:
+                    pos = src.skip(pos, n)
+                    buf, end = src.buf, len(src.buf)
+            else:
+                pos, nl = src.line(pos)
+                buf, end = src.buf, len(src.buf)
+                if ak == _A_LINE2:
+                    while True:
+                        nl2 = buf.find(b"\n", nl + 1)
+                        if nl2 >= 0:
+                            break
+                        if nl - pos > MAX_LINE:
+                            raise Stop(f"{names[code]} at byte {start} has no second line", start)
+                        off = nl - pos
+                        pos = src.fill(pos, len(buf) - pos + 1)
+                        buf, end = src.buf, len(src.buf)
+                        nl = pos + off
+                    arg = buf[pos:nl2]
+                    pos = nl2 + 1
+                else:
+                    if act != _GENERIC and nl - pos <= MAX_TRACKED_STR + 2:
+                        arg = buf[pos:nl]
+                    pos = nl + 1
+
+            # 2. the effect on the stack / memo model
+            if act == _GENERIC:
+                base = marks[-1] if marks else 0
+                consumed: list[object] | None = None
+                if markp[code]:
+                    if not marks:
+                        raise Stop(f"{names[code]} at byte {start} without a MARK", start)
+                    m = marks.pop()
+                    consumed = stack[m:]
+                    del stack[m:]
+                    base = marks[-1] if marks else 0
+                n = popsp[code]
+                if n:
+                    if len(stack) - base < n:
+                        raise Stop(f"stack underflow: {names[code]} at byte {start}", start)
+                    popped = stack[-n:]
+                    del stack[-n:]
+                    consumed = popped + consumed if consumed else popped
+                direct_ok = False
+                if code in call_ops and consumed:
+                    direct_ok = _call(walk, code, consumed, start)
+                elif code in persid_ops:
+                    consumed = None  # torch's persistent_load reads the id as data (storage type, key, ...)
+                if pushesp[code]:
+                    if direct_ok:
+                        # an inert constructor / allowed class created: the result carries only its arguments
+                        stack.append(_combine(consumed[1:]) if consumed and len(consumed) > 1 else 1)
+                    elif not consumed:
+                        stack.append(0 if code not in persid_ops else 1)
+                    elif code in modify_ops:
+                        # the container stays: its depth is its own or 1 + an added item's, whichever is deeper
+                        container, items = consumed[0], consumed[1:]
+                        v = _combine(items) if items else 0
+                        v = _combine([container, v], extra=0)
+                        stack.append(v)
+                    elif code == 0x62:  # BUILD: the object stays, with its state inside
+                        stack.append(_combine([consumed[0], _combine(consumed[1:])], extra=0))
+                    else:
+                        stack.append(_combine(consumed))
+                    top = stack[-1]
+                    if _depth(top) > MAX_DEPTH:
+                        raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
+                                   limit=True)
+            elif act == _MEMOIZE or act == _PUT:
+                if len(stack) <= (marks[-1] if marks else 0):
+                    raise Stop(f"stack underflow: {names[code]} at byte {start}", start)
+                if act == _MEMOIZE:
+                    if sparse:
+                        idx = prefix + len(sparse)  # > prefix: a new sparse slot, or an overwrite of one
+                        sparse.add(idx)
+                    else:
+                        idx = prefix
+                        prefix += 1
+                else:
+                    if arg is None:
+                        raise Stop(f"oversized memo index at byte {start}", start)
+                    idx = _text_index(arg, start) if code in textmemo else int.from_bytes(arg, "little")
+                    if idx > walk.max_memo_index:
+                        walk.max_memo_index = idx
+                    if idx >= prefix and idx not in sparse:
+                        if idx == prefix:
+                            prefix += 1
+                            while sparse and prefix in sparse:
+                                sparse.remove(prefix)
+                                prefix += 1
+                        else:
+                            sparse.add(idx)
+                if idx >= len(depths):
+                    if idx > ops + (1 << 20):
+                        # A pickler never names a slot beyond the objects it memoized; CPython's unpickler
+                        # allocates (and zeroes) a memo array of twice the index: `LONG_BINPUT 0x7fffffff` in
+                        # 14 bytes costs it 32 GiB.
+                        walk.max_memo_index = max(walk.max_memo_index, idx)
+                        raise Stop(f"memo index {idx} at byte {start} is beyond anything {ops} opcodes can have "
+                                   "memoized (crafted to exhaust the unpickler's memory)", start, limit=True)
+                    depths.extend(bytes(idx + 1 - len(depths) + (len(depths) >> 1)))
+                top = stack[-1]
+                c = top.__class__
+                if c is int:
+                    depths[idx] = top  # type: ignore[call-overload]
+                    if tracked:
+                        tracked.pop(idx, None)
+                else:
+                    depths[idx] = _depth(top)
+                    tracked[idx] = top
+            elif act == _STR:
+                value = _decode_str(code, arg)
+                if value is None:
+                    raise Stop(f"STRING argument at byte {start} is not quoted", start)
+                stack.append(value)
+            elif act == _GET:
+                if arg is None:
+                    raise Stop(f"oversized memo index at byte {start}", start)
+                idx = _text_index(arg, start) if code in textmemo else int.from_bytes(arg, "little")
+                v = tracked.get(idx)
+                stack.append(v if v is not None else (depths[idx] if idx < len(depths) else 0))
+            elif act == _MARK:
+                marks.append(len(stack))
+            elif act == _STACK_GLOBAL:
+                if len(stack) - (marks[-1] if marks else 0) < 2:
+                    raise Stop(f"stack underflow: STACK_GLOBAL at byte {start}", start)
+                name_v = stack.pop()
+                module_v = stack.pop()
+                if isinstance(module_v, str) and isinstance(name_v, str):
+                    stack.append(_record(walk, module_v, name_v, "STACK_GLOBAL", start, proto))
+                else:
+                    _add(walk, GlobalRef("", DYNAMIC_GLOBAL, "STACK_GLOBAL", start, GlobalClass.DANGEROUS))
+                    dyn = frozenset({DYNAMIC_GLOBAL})
+                    stack.append(_Val(DYNAMIC_GLOBAL, dyn, dyn, 0))
+            elif act == _GLOBAL or act == _INST:
+                module, name = _line_pair(arg, names[code], start)
+                ref = _record(walk, module, name, names[code], start, proto)
+                if act == _INST:
+                    if not marks:
+                        raise Stop(f"INST at byte {start} without a MARK", start)
+                    m = marks.pop()
+                    args = stack[m:]
+                    del stack[m:]
+                    _call(walk, code, [ref, *args], start)
+                    stack.append(_combine(args))
+                else:
+                    stack.append(ref)
+            elif act == _DUP:
+                if len(stack) - (marks[-1] if marks else 0) < 1:
+                    raise Stop(f"stack underflow: DUP at byte {start}", start)
+                stack.append(stack[-1])
+            elif act == _POP:
+                if marks and marks[-1] == len(stack):
+                    marks.pop()  # POP on an empty mark frame drops the MARK (as the C unpickler does)
+                elif not stack:
+                    raise Stop(f"stack underflow: POP at byte {start}", start)
+                else:
+                    stack.pop()
+            elif act == _EXT:
+                ext = int.from_bytes(arg or b"", "little", signed=(code == 0x84))
+                key = copyreg._inverted_registry.get(ext)  # type: ignore[attr-defined]
+                if isinstance(key, tuple) and len(key) == 2:
+                    stack.append(_record(walk, str(key[0]), str(key[1]), names[code], start, proto))
+                else:
+                    q = frozenset({f"copyreg.extension[{ext}]"})
+                    _add(walk, GlobalRef("copyreg", f"extension[{ext}]", names[code], start, GlobalClass.UNKNOWN))
+                    stack.append(_Val(next(iter(q)), q, q, 0))
+            elif act == _PROTO:
+                proto = arg[0] if arg else 0
+                if proto > HIGHEST_PROTOCOL:
+                    raise Stop(f"unsupported pickle protocol {proto} at byte {start}", start)
+                if proto > walk.protocol:
+                    walk.protocol = proto
+            elif act == _FRAME:
+                n = int.from_bytes(arg or b"", "little")
+                if src.base + pos + n > src.total:
+                    raise _length_claim("FRAME", start, n, src.total - src.base - pos, src.total)
+            elif act == _STOP:
+                if len(stack) - (marks[-1] if marks else 0) < 1:
+                    raise Stop(f"stack underflow: STOP at byte {start}", start)
+                return pos
+            if not ops & 1023 and len(stack) + len(marks) > max_stack:  # checked every 1024 ops: cheap, bounded
+                raise Stop(f"more than {max_stack} stack entries (nesting or fan-out)", start, limit=True)
+    finally:
+        walk.ops = ops
+
+
+def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> bool:
+    """Record what a REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST / BUILD calls (`consumed` = its operands, the callee
+    first; for BUILD the object, then the state). True when the callee is a global whose call runs no code (the
+    result then carries only its arguments' taint)."""
+    op = _CALL_OPS.get(code, _NAMES[code])
+    callee, args = consumed[0], consumed[1:]
+    if not isinstance(callee, _Val):
+        return False  # a plain value built from inert parts: calling it runs nothing the allowlist did not vet
+    v = callee
+    if op == "BUILD":
+        # BUILD calls `type(obj).__setstate__`: an instance's class was judged when it was created. BUILD on a
+        # class object itself runs `cls.__setstate__(state)` as a function, or sets the class's attributes (changed
+        # for the rest of the process); no pickler writes that.
+        names: set[str] = {v.qual} if v.qual is not None else set()
+        ok = False
+    elif v.qual is None or v.qual == DYNAMIC_GLOBAL:
+        names, ok = set(v.taint), False  # calling a computed value: whatever it was built from is called
+    else:
+        if op in ("NEWOBJ", "NEWOBJ_EX"):
+            names, ok = (set() if v.new_ok else {v.qual}), False  # the result stays tainted: an instance
+        else:
+            names, ok = (set() if v.call_ok else {v.qual}), v.call_ok
+        if v.through:
+            for a in args:
+                if isinstance(a, _Val):
+                    names |= a.taint if v.through == _THROUGH_CALL else a.ntaint
+    for q in names:
+        if q not in walk.called:
+            walk.called[q] = f"{op} at byte {offset}"
+    return ok
+
+
+def _length_claim(name: str, offset: int, claimed: int, remaining: int, total: int) -> Stop:
+    """A length field pointing past the data: a resource-bound violation when the claim is absurd for the stream
+    (beyond 4 GiB or 16× the whole pickle), otherwise plain truncation."""
+    if claimed > (1 << 32) or claimed > 16 * total:
+        return Stop(f"{name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset, limit=True)
+    return Stop(f"truncated: {name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset)
+
+
+def _text_index(arg: bytes, offset: int) -> int:
+    """The memo index of a protocol-0 PUT / GET (a decimal line)."""
+    text = arg.decode("ascii", "replace").strip()
+    if not text.isdigit() or len(text) > 12:
+        raise Stop(f"bad memo index {arg[:20]!r} at byte {offset}", offset)
+    return int(text)
+
+
+_S, _V, _T_OP, _U = ord("S"), ord("V"), ord("T"), ord("U")
+
+
+def _decode_str(code: int, raw: bytes | None) -> object:
+    """The str a string opcode pushes (as the unpickler decodes it), 0 (an untracked scalar) when too long /
+    undecodable, None for a protocol-0 STRING that is not quoted (the unpickler rejects it)."""
+    if raw is None:
+        return 0
+    try:
+        if code == _S:
+            # STRING: a repr-quoted line, escape-decoded (pickle.py load_string).
+            if len(raw) < 2 or raw[0] != raw[-1] or raw[:1] not in (b"'", b'"'):
+                return None
+            value = codecs.escape_decode(raw[1:-1])[0].decode("utf-8")
+        elif code == _V:
+            value = raw.decode("raw-unicode-escape")
+        elif code == _T_OP or code == _U:
+            value = raw.decode("utf-8")
+        else:
+            value = raw.decode("utf-8", "surrogatepass")
+    except (UnicodeDecodeError, ValueError):
+        return 0
+    return value if len(value) <= MAX_TRACKED_STR else 0
+
+
+def _line_pair(arg: bytes | None, name: str, offset: int) -> tuple[str, str]:
+    if arg is None or b"\n" not in arg:
+        raise Stop(f"{name} at byte {offset} lacks module/name lines", offset)
+    module_b, name_b = arg.split(b"\n", 1)
+    return module_b.decode("utf-8", "replace"), name_b.decode("utf-8", "replace")
+
+
+def _record(walk: PickleWalk, module: str, name: str, opcode: str, offset: int, proto: int) -> _Val:
+    """Record a global reference; return its stack value."""
+    verdict, mapped = _verdict(module, name, proto < 3)
+    _add(walk, GlobalRef(module, name, opcode, offset, verdict))
+    if len(walk._seen) > MAX_GLOBAL_NAMES:
+        raise Stop(f"more than {MAX_GLOBAL_NAMES} distinct globals", offset, limit=True)
+    return _value(module, name, verdict, mapped)
+
+
+@functools.lru_cache(maxsize=4096)
+def _value(module: str, name: str, verdict: GlobalClass, mapped: tuple[str, str]) -> _Val:
+    qual = f"{module}.{name}"
+    call_ok = verdict is GlobalClass.ALLOWED and callable_safely(*mapped)
+    new_ok = verdict is GlobalClass.ALLOWED
+    through = _THROUGH_CALL if mapped in THROUGH_CALL else _THROUGH_NEW if mapped in THROUGH_NEW else 0
+    me = frozenset({qual})
+    return _Val(qual, _EMPTY if call_ok else me, _EMPTY if new_ok else me, 0, call_ok, new_ok, through)
+
+
+@functools.lru_cache(maxsize=4096)
+def _verdict(module: str, name: str, py2_names: bool) -> tuple[GlobalClass, tuple[str, str]]:
+    """The allowlist verdict of a global, and the (module, name) the unpickler would import."""
+    verdict = classify(module, name)
+    mapped = (module, name)
+    if py2_names:
+        # For protocols < 3 the unpickler imports the Python 3 name (`fix_imports`, `_compat_pickle`):
+        # `__builtin__.eval` is `builtins.eval`. Judge what it would import; a name dangerous as written stays so.
+        m = _compat_pickle.NAME_MAPPING.get((module, name))
+        if m is None and module in _compat_pickle.IMPORT_MAPPING:
+            m = (_compat_pickle.IMPORT_MAPPING[module], name)
+        if m is not None:
+            mapped = m
+            if verdict is not GlobalClass.DANGEROUS:
+                verdict = classify(*m)
+    return verdict, mapped
+
+
+def _add(walk: PickleWalk, ref: GlobalRef) -> None:
+    key = (ref.module, ref.name, ref.verdict)
+    if key not in walk._seen:
+        walk._seen.add(key)
+        walk.refs.append(ref)

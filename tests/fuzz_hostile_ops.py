@@ -1,0 +1,154 @@
+"""Hostile mutation operators for the fuzz suite (issue 18): member-name case, duplicate members, a second central
+directory, nested pickles in tensor storages, storage paths leaving the checkpoint dir, huge numbers, deep nesting.
+
+Each takes (rng, root, target, files, dirs) like the operators of `test_fuzz.py` and returns a description, or None
+when it does not apply. The payload never runs (ckptinspect never executes it); the fuzz suite only checks that
+every command ends cleanly (exit 0/1, valid JSON, no hang, no change to the files).
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import zipfile
+from pathlib import Path
+
+from hostile_samples import Reduce, two_directories, write_zip, zip_entries
+
+
+def _pt_files(files: list[Path]) -> list[Path]:
+    return [f for f in files if f.suffix in (".pt", ".distcp") and f.is_file() and not f.is_symlink()]
+
+
+def _entries(p: Path) -> list[tuple[str, bytes]] | None:
+    try:
+        return zip_entries(p.read_bytes())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, KeyError, RuntimeError):
+        return None
+
+
+def _evil() -> bytes:
+    return pickle.dumps({"x": Reduce(print, ("fuzz payload, never run",))}, protocol=2)
+
+
+def op_member_case(rng: random.Random, root: Path, t: Path | None, files: list[Path], dirs: list[Path]) -> str | None:
+    """`data.pkl` → `DATA.PKL` (or another case mix) in place: torch's reader matches case-insensitively."""
+    cands = _pt_files(files)
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    data = p.read_bytes()
+    new = rng.choice([b"/DATA.PKL", b"/Data.pkl", b"/data.PKL"])
+    if b"/data.pkl" not in data:
+        return None
+    p.write_bytes(data.replace(b"/data.pkl", new, rng.choice([1, 2, -1])))
+    return f"member case {new.decode()} in {p.relative_to(root)}"
+
+
+def op_duplicate_member(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                        dirs: list[Path]) -> str | None:
+    cands = [f for f in _pt_files(files) if f.suffix == ".pt"]
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    entries = _entries(p)
+    main = next((n for n, _ in entries or [] if n.endswith("/data.pkl")), None)
+    if entries is None or main is None:
+        return None
+    extra = (main if rng.random() < 0.5 else main.upper(), _evil() if rng.random() < 0.7 else b"\x80\x02K\x01.")
+    entries = [extra] + entries if rng.random() < 0.5 else entries + [extra]
+    p.write_bytes(write_zip(entries))
+    return f"duplicate member {extra[0]} in {p.relative_to(root)}"
+
+
+def op_second_directory(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                        dirs: list[Path]) -> str | None:
+    cands = [f for f in _pt_files(files) if f.suffix == ".pt"]
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    entries = _entries(p)
+    if not entries or not any(n.endswith("/data.pkl") for n, _ in entries):
+        return None
+    evil = [(n, _evil() if n.endswith("/data.pkl") else d) for n, d in entries]
+    p.write_bytes(two_directories(evil, entries) if rng.random() < 0.5 else two_directories(entries, evil))
+    return f"second central directory in {p.relative_to(root)}"
+
+
+def op_pickle_in_storage(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                         dirs: list[Path]) -> str | None:
+    """Overwrite the start of a stored tensor storage (`*/data/N`) with a pickle (TE `_extra_state`-style)."""
+    cands = _pt_files(files)
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    data = bytearray(p.read_bytes())
+    at = data.find(b"/data/", rng.randrange(max(1, len(data))))
+    at = data.find(b"/data/") if at < 0 else at
+    if at < 0:
+        return None
+    start = data.find(b"\x00", at) + 1
+    payload = _evil()
+    if start <= 0 or start + len(payload) > len(data):
+        return None
+    data[start : start + len(payload)] = payload
+    p.write_bytes(bytes(data))
+    return f"pickle in a tensor storage of {p.relative_to(root)} at {start}"
+
+
+def op_path_out_of_dir(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                       dirs: list[Path]) -> str | None:
+    """`__0_0.distcp` → `../_0.distcp` (same length) in `.metadata`: the item now lies outside the checkpoint."""
+    mds = [f for f in files if f.name == ".metadata" and f.is_file()]
+    if not mds:
+        return None
+    p = rng.choice(mds)
+    data = p.read_bytes()
+    if b"__" not in data:
+        return None
+    p.write_bytes(data.replace(b"__0_", b"../_", rng.choice([1, -1])))
+    if rng.random() < 0.5:
+        src = next((f for f in files if f.name.startswith("__0_") and f.is_file()), None)
+        if src is not None:
+            (p.parent.parent / ("_" + src.name[4:])).write_bytes(src.read_bytes())
+    return f"storage path out of the dir in {p.relative_to(root)}"
+
+
+def op_huge_numbers(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                    dirs: list[Path]) -> str | None:
+    cands = [f for f in _pt_files(files) if f.suffix == ".pt"]
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    entries = _entries(p)
+    if not entries:
+        return None
+    big = rng.choice([10**5000, -(10**4400), 1 << 64, float("inf")])
+    state = {"args": {"seq_length": big, "padded_vocab_size": big}, "iteration": big, "k": {big: [big]}
+             if not isinstance(big, float) else {}}
+    body = pickle.dumps(state, protocol=2)
+    p.write_bytes(write_zip([(n, body if n.endswith("/data.pkl") else d) for n, d in entries]))
+    return f"huge numbers in {p.relative_to(root)}"
+
+
+def op_deep_nesting(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                    dirs: list[Path]) -> str | None:
+    cands = [f for f in files if f.is_file() and (f.suffix == ".pt" or f.name == ".metadata")]
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    n = rng.choice([300, 5_000, 100_000])
+    body = b"\x80\x04" + rng.choice([b"}" + b")" + b"\x85" * n + b"K\x01s", b"(" + b")" + b"\x85" * n + b"\x91",
+                                     b"]" * n + b"a" * (n - 1)]) + b"."
+    if p.name == ".metadata":
+        p.write_bytes(body)
+    else:
+        entries = _entries(p)
+        if not entries:
+            return None
+        p.write_bytes(write_zip([(nm, body if nm.endswith("/data.pkl") else d) for nm, d in entries]))
+    return f"nesting {n} deep in {p.relative_to(root)}"
+
+
+HOSTILE_OPS = [op_member_case, op_duplicate_member, op_second_directory, op_pickle_in_storage, op_path_out_of_dir,
+               op_huge_numbers, op_deep_nesting]
