@@ -8,6 +8,7 @@ replace an object between the listing and the read.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -241,3 +242,20 @@ def test_diff_and_ls_read_urls(s3_server: S3Server, td2_url: str) -> None:  # no
 def test_scan_of_a_url_is_a_clear_usage_error(td2_url: str) -> None:
     code, _, err = cli("scan", td2_url)
     assert code == 2 and "audit" in err
+
+
+def test_a_second_pass_over_a_large_object_costs_no_second_transfer(s3_server: S3Server) -> None:  # noqa: F811
+    """The pickle walk reads a large `.metadata`, then the unpickler reads it again: the reader keeps the blocks,
+    so the object is transferred once, in a few growing blocks."""
+    from ckptinspect.storage import location
+    from ckptinspect.storage.session import reset
+
+    blob = os.urandom(20 << 20)
+    s3_server.client.put_object(Bucket=s3_server.bucket, Key="big/.metadata", Body=blob)
+    session = reset()
+    with location(s3_server.url("big/.metadata")).open_reader() as f:  # type: ignore[attr-defined]
+        assert f.read() == blob
+        f.seek(0)
+        assert f.read(1000) == blob[:1000] and f.read() == blob[1000:]
+    snap = session.stats.snapshot()
+    assert snap.bytes == len(blob) and dict(snap.by_op)["get"] <= 4, snap

@@ -29,6 +29,7 @@ WHOLE_OBJECT_BYTES = 8 << 20  # objects (or windows) up to this size are fetched
 FIRST_BLOCK = 1 << 20  # a large object's first read fetches this much; each sequential read ×4 ...
 MAX_BLOCK = 32 << 20  # ... up to this block: memory stays bounded whatever the object size
 RANDOM_BLOCK = 256 << 10  # a read after a seek elsewhere fetches at least this much
+KEEP_BYTES = 512 << 20  # blocks of one open object kept for re-reads (the walk-then-load of a .metadata), at most
 COALESCE_GAP = 64 << 10  # windows this close are read with one GET (the gap's bytes cost less than a request)
 
 
@@ -166,6 +167,8 @@ class ObjectReader(io.RawIOBase):
         self._buf = b""
         self._buf_at = 0  # object offset of _buf[0]
         self._block = FIRST_BLOCK
+        self._kept: list[tuple[int, bytes]] = []
+        self._kept_bytes = 0
         self.name = store.url(key)
 
     def readable(self) -> bool:
@@ -200,12 +203,19 @@ class ObjectReader(io.RawIOBase):
     def _fill(self, want: int) -> None:
         if self._buf_at <= self._pos and self._pos + want <= self._buf_at + len(self._buf):
             return
+        for at, block in self._kept:  # a second pass (the pickle walk, then the load) costs no second transfer
+            if at <= self._pos < at + len(block):
+                self._buf, self._buf_at = block, at
+                return
         lo, hi = self._range(want)
         keep = b""
         if self._buf_at <= lo < self._buf_at + len(self._buf):  # reuse the buffered head of the new range
             keep = self._buf[lo - self._buf_at:hi - self._buf_at]
         data = self._store.read(self._key, lo + len(keep), hi, self._info) if lo + len(keep) < hi else b""
         self._buf, self._buf_at = keep + data, lo
+        if data and self._kept_bytes + len(data) <= KEEP_BYTES:
+            self._kept.append((lo + len(keep), data))
+            self._kept_bytes += len(data)
 
     def read(self, size: int | None = -1) -> bytes:
         if self._pos >= self.size:
