@@ -22,6 +22,18 @@ class Format(enum.Enum):
     TORCH = "torch"  # legacy per-rank mp_rank_* files
     TORCH_DCP = "torch_dcp"
     FSDP_DTENSOR = "fsdp_dtensor"
+    NVRX_LOCAL = "nvrx_local"  # Megatron `--non-persistent-ckpt-type local`: NVRx per-rank `*_local.pt` files
+
+
+class Stack(enum.Enum):
+    """The training stack that wrote a checkpoint around (or instead of) a Megatron / DCP payload."""
+
+    MEGATRON_BRIDGE = "megatron-bridge"
+    NEMO2 = "nemo2"
+    TORCHTITAN = "torchtitan"
+    MEGATRON_FSDP = "megatron-fsdp"
+    NVRX_LOCAL = "nvrx-local"
+    MEGATRON_NON_PERSISTENT = "megatron-non-persistent"
 
 
 class Kind(enum.Enum):

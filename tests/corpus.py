@@ -44,6 +44,11 @@ SOURCES: dict[str, tuple[Path, tuple[str, ...]]] = {
     "legacy": (SAMPLES / "legacy", ("latest_checkpointed_iteration.txt",
                                     "iter_0000001/mp_rank_01_001/model_optim_rng.pt")),
     "dcp": (SAMPLES / "dcp", ("step-10/.metadata",)),
+    # training stacks (tests/corpus_stacks.py)
+    "bridge": (SAMPLES / "bridge", ("latest_train_state.pt", "iter_0000002/run_config.yaml")),
+    "nemo2": (SAMPLES / "nemo2", ("checkpoints",)),
+    "nvrx_local": (SAMPLES / "nvrx_local", ("0/iter_0000002_0_local.pt", "1/iter_0000002_1_local.pt")),
+    "torchtitan": (SAMPLES / "torchtitan", ("step-2/.metadata",)),
     "mcore-0.19.2": (FIXTURE_0192, ("latest_checkpointed_iteration.txt", "iter_0000400/integrity.json")),
 }
 

@@ -26,8 +26,9 @@ from ckptinspect.findings import CODES, Status
 from corpus import CASES as BASE_CASES
 from corpus import Case, Ctx, missing_source
 from corpus_layouts import LAYOUT_CASES
+from corpus_stacks import STACK_CASES
 
-CASES = BASE_CASES + LAYOUT_CASES
+CASES = BASE_CASES + LAYOUT_CASES + STACK_CASES
 
 STATUS_RANK = {"complete": 0, "unrecognized": 1, "incomplete": 2, "corrupt": 3, "unsafe": 4}  # CONTRACT precedence
 

@@ -303,7 +303,7 @@ def _build_args(cfg: dict, iteration: int):
 
     c = cfg
     gbs = c["micro_batch_size"] * c["dp"] * c["num_microbatches"]
-    ckpt_format = {"torch_dist": "torch_dist", "legacy": "torch"}[c["format"]]
+    ckpt_format = {"torch_dist": "torch_dist", "legacy": "torch", "nvrx_local": "torch_dist"}[c["format"]]
     a = argparse.Namespace(
         adam_beta1=0.9,
         adam_beta2=0.95,
@@ -549,7 +549,7 @@ def _run_megatron(rank: int, cfg: dict) -> None:
                 _verify_load(c, model, optimizer, ckpt_dir, dist_checkpointing, parallel_state)
             continue
         args = _build_args(c, iteration)
-        if rank == 0:
+        if rank == 0 and c["format"] != "nvrx_local":
             os.makedirs(ckpt_dir, exist_ok=True)
         dist.barrier()
         common = {
@@ -566,10 +566,14 @@ def _run_megatron(rank: int, cfg: dict) -> None:
                 dist_checkpointing, ShardedObject, FullyParallelSaveStrategyWrapper,
                 TorchDistSaveShardedStrategy, parallel_state,
             )
+        elif c["format"] == "nvrx_local":
+            import _stacks_cpu  # NVRx local checkpoints (needs nvidia-resiliency-ext)
+
+            _stacks_cpu.save_nvrx_local(c, model, optimizer, common, rng, rsm, parallel_state, iteration)
         else:
             _save_legacy(c, model, optimizer, common, rng, ckpt_dir, parallel_state)
         dist.barrier()
-        if half == "none" and rank == 0:
+        if half == "none" and rank == 0 and c["format"] != "nvrx_local":  # NVRx writes no tracker
             _write_tracker(save_root, iteration)  # last, after every rank is done
         dist.barrier()
     parallel_state.destroy_model_parallel()

@@ -37,7 +37,7 @@ import time
 _TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_TOOLS_DIR)
 
-FORMATS = ("torch_dist", "legacy", "dcp")
+FORMATS = ("torch_dist", "legacy", "dcp", "nvrx_local")  # nvrx_local: tools/_stacks_cpu.py
 OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
 HALF_WRITTEN = ("none", "before_metadata", "before_metadata_json")
 

@@ -8,15 +8,32 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ckptinspect.findings import Finding, Status
-from ckptinspect.formats.savedir import TRACKER, IterationDir, SaveDir
+from ckptinspect.formats.savedir import TRACKER, IterationDir, SaveDir, read_tracker
 
 
 def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[Finding]:
     """Findings for `save`, given the status of each iteration dir (by dir name)."""
     tracker = save.tracker
+    yield from _non_persistent(save, label)
+    if save.bridge_step is not None and save.find(save.bridge_step) is None:
+        yield Finding("CK503", f"latest_train_state.pt (Megatron-Bridge's tracker, read first) names step "
+                      f"{save.bridge_step}, whose iter_{save.bridge_step:07d} does not exist", "latest_train_state.pt",
+                      label, {"iteration": save.bridge_step})
+    if save.bridge_step is not None and save.bridge_step != tracker.iteration:
+        yield Finding("CK514", f"latest_train_state.pt names step {save.bridge_step} but {TRACKER} names "
+                      f"{tracker.iteration!r}: the save stopped between the two (Bridge writes latest_train_state.pt "
+                      "first); Bridge resumes from the step in latest_train_state.pt", "latest_train_state.pt", label,
+                      {"train_state_step": save.bridge_step, "tracker": tracker.iteration})
     if not tracker.exists:
         if save.style == "megatron":
             yield Finding("CK501", f"no {TRACKER}: a resume picks nothing unless told (--ckpt-step)", TRACKER, label)
+            return
+        # torchtitan / NeMo 2 / NVRx keep no tracker: the stack loads the newest complete one, the rest are leftovers
+        pick = save.resume_pick()
+        for it in save.iterations:
+            if (pick is None or it.name != pick.name) and statuses.get(it.name) is Status.INCOMPLETE:
+                yield Finding("CK506", f"{it.name} is an incomplete save (the stack skips it; leftover of a crash?)",
+                              it.name, label, {"iteration": it.iteration})
         return
     tracked = None
     if tracker.error is not None:
@@ -43,6 +60,22 @@ def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[F
         elif status is Status.INCOMPLETE:
             yield Finding("CK506", f"{it.name} is an incomplete save (leftover of a crash?)", it.name, label,
                           {"iteration": it.iteration})
+
+
+def _non_persistent(save: SaveDir, label: str) -> Iterator[Finding]:
+    """Megatron `--non-persistent-ckpt-type global` keeps `{save}/non_persistent/` with its own tracker and resumes
+    from it when its iteration is at least the persistent tracker's (training/checkpointing.py load_checkpoint)."""
+    np_dir = save.path / "non_persistent"
+    if save.style != "megatron" or not np_dir.is_dir():
+        return
+    np_tracker = read_tracker(np_dir)
+    it = np_tracker.iteration if np_tracker.error is None else None
+    newer = isinstance(it, int) and (not isinstance(save.tracker.iteration, int) or it >= save.tracker.iteration)
+    yield Finding("CK511", f"non_persistent/ holds Megatron's non-persistent global checkpoint (tracker: {it!r}); "
+                  + ("a resume with --non-persistent-ckpt-type global loads it instead of the persistent one"
+                     if newer else "older than the persistent tracker, so a resume ignores it")
+                  + f" (audit it with: ckptinspect audit {label.rstrip('/')}/non_persistent)",
+                  "non_persistent", label, {"iteration": it, "preferred": newer})
 
 
 def _newer(it: IterationDir, tracked: int | str | None) -> bool:

@@ -17,7 +17,9 @@ from pathlib import Path
 from ckptinspect.findings import Finding
 from ckptinspect.formats.dcp import read_dcp
 from ckptinspect.formats.legacy import read_legacy
+from ckptinspect.formats.nvrx_local import LOCAL_FILE, find_local_root, read_nvrx_local, virtual_iteration
 from ckptinspect.formats.sniff import CheckpointSniff, sniff_checkpoint
+from ckptinspect.formats.stacks import enrich, outer_layout
 from ckptinspect.formats.torch_dist import read_torch_dist
 from ckptinspect.model import Checkpoint, Format
 from ckptinspect.storage.findings import storage_findings
@@ -29,11 +31,26 @@ def _read_fsdp(path: Path, label: str) -> Checkpoint:
     return read_dcp(path, label, Format.FSDP_DTENSOR)
 
 
+def _read_nvrx(path: Path, label: str) -> Checkpoint:
+    """An NVRx iteration: the virtual `{root}/iter_N`, or one `{root}/{rank}/iter_N_R_local.pt` file (its iteration)."""
+    found = virtual_iteration(path)
+    if found is None and LOCAL_FILE.match(path.name):
+        root = find_local_root(path.parent.parent)
+        m = LOCAL_FILE.match(path.name)
+        if root is not None and m is not None:
+            found = (root, int(m.group(1)))
+    if found is None:
+        return Checkpoint(path=label, format=None, findings=(
+            Finding("CK100", "not an NVRx local checkpoint (no {root}/{rank}/iter_N_R_local.pt files)", None, label),))
+    return read_nvrx_local(found[0], found[1], label)
+
+
 READERS: tuple[tuple[Format, Reader], ...] = (
     (Format.TORCH_DIST, read_torch_dist),
     (Format.TORCH, read_legacy),
     (Format.TORCH_DCP, read_dcp),
     (Format.FSDP_DTENSOR, _read_fsdp),
+    (Format.NVRX_LOCAL, _read_nvrx),
 )
 
 _HALF_WRITTEN_MESSAGES = {
@@ -53,9 +70,17 @@ def reader_for(fmt: Format) -> Reader:
 
 
 def read_checkpoint(path: Path, label: str, megatron_context: bool = False) -> Checkpoint:
-    """Sniff and read one checkpoint dir (or legacy `.pt` file)."""
-    sniff = sniff_checkpoint(path, megatron_context)
-    return read_sniffed(path, label, sniff)
+    """Sniff and read one checkpoint dir (or legacy `.pt` file, or NVRx iteration).
+
+    A stack's outer layout (NeMo 2 `weights/`, Megatron-Bridge files) is found first; its payload is read with the
+    payload's reader, then `stacks.enrich` adds the stack's own facts and completeness findings.
+    """
+    if virtual_iteration(path) is not None:
+        return _read_nvrx(path, label)
+    layout = outer_layout(path)
+    payload = layout.payload if layout is not None else path
+    sniff = sniff_checkpoint(payload, megatron_context or layout is not None)
+    return enrich(read_sniffed(payload, label, sniff), path, label, layout)
 
 
 def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:

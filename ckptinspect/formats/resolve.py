@@ -13,6 +13,9 @@ from ckptinspect.model import Kind
 
 def _why(save: SaveDir, label: str) -> tuple[Finding, ...]:
     t = save.tracker
+    if save.bridge_step is not None:
+        return (Finding("CK503", f"latest_train_state.pt (Megatron-Bridge) names step {save.bridge_step}, which does "
+                        "not exist", "latest_train_state.pt", label, {"iteration": save.bridge_step}),)
     if t.exists and t.error is not None:
         return (Finding("CK502", f"{TRACKER} is unparseable ({t.error})", TRACKER, label, {"raw": t.raw}),)
     if t.exists:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptinspect.model import Stack
 from ckptinspect.safeio import open_regular
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -48,19 +49,51 @@ class SaveDir:
     path: Path
     tracker: Tracker
     iterations: tuple[IterationDir, ...]
-    style: str  # "megatron" (iter_*/release + tracker) or "dcp" (step-N)
+    style: str  # "megatron" (iter_*/release + tracker), "dcp" (step-N), "nemo2" (…step=N… dirs), "nvrx"
+    stack: Stack | None = None
+    style_evidence: str | None = None
+    bridge_step: int | None = None  # `step` in Megatron-Bridge's latest_train_state.pt (read before the tracker)
 
     def find(self, iteration: int | str | None) -> IterationDir | None:
         return next((i for i in self.iterations if i.iteration == iteration), None)
 
     def resume_pick(self) -> IterationDir | None:
-        """The dir a resume would load: the tracked one (even if missing → None), else the newest."""
+        """The dir a resume would load: the tracked one (even if missing → None), else the newest the stack loads.
+
+        torchtitan (`_find_load_step`) takes the newest `step-N` holding `.metadata` (or an HF
+        `model.safetensors.index.json`); NeMo 2 skips checkpoints with an `-unfinished` marker; NVRx `find_latest`
+        takes the newest iteration every rank has a complete file of. Without such a one, the newest dir.
+        """
+        if self.bridge_step is not None:
+            # Bridge `_resolve_checkpoint_iteration`: latest_train_state.pt first, the text tracker only without it
+            return self.find(self.bridge_step)
         if self.tracker.exists:
             return self.find(self.tracker.iteration) if self.tracker.error is None else None
         numbered = [i for i in self.iterations if isinstance(i.iteration, int)]
+        loadable = [i for i in numbered if _loadable(i, self.style)]
+        if loadable:
+            return loadable[-1]
         if numbered:
             return numbered[-1]
         return self.iterations[-1] if self.iterations else None
+
+
+def _loadable(it: IterationDir, style: str) -> bool:
+    if style == "dcp":
+        return (it.path / ".metadata").is_file() or (it.path / "model.safetensors.index.json").is_file()
+    if style == "nemo2":
+        from ckptinspect.formats.stacks import unfinished_marker
+
+        return not unfinished_marker(it.path).exists()
+    if style == "nvrx":
+        from ckptinspect.formats.nvrx_local import find_local_root
+
+        root = find_local_root(it.path.parent)
+        if root is None:
+            return False
+        have = {f.owner for f in root.files if f.iteration == it.iteration and not f.dirty}
+        return have == set(range(root.world_size))
+    return True
 
 
 def read_tracker(path: Path) -> Tracker:
@@ -116,12 +149,69 @@ def iteration_dirs(path: Path) -> tuple[tuple[IterationDir, ...], str]:
 
 
 def looks_like_save_dir(path: Path) -> bool:
-    """A dir with a tracker or `iter_*` / `release` / `step-N` subdirs (and no checkpoint files of its own)."""
+    """A dir with a tracker or `iter_*` / `release` / `step-N` subdirs (and no checkpoint files of its own), a NeMo 2
+    checkpoints dir or an NVRx local checkpoint root."""
     if (path / TRACKER).exists():
         return True
-    return bool(iteration_dirs(path)[0])
+    from ckptinspect.formats.stacks import is_nemo2_dir
+
+    if bool(iteration_dirs(path)[0]) or is_nemo2_dir(path):
+        return bool(iteration_dirs(path)[0])
+    return _stack_iterations(path) is not None
+
+
+_NEMO_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
+
+
+def _stack_iterations(path: Path) -> tuple[tuple[IterationDir, ...], str, Stack, str] | None:
+    """NeMo 2 checkpoint dirs (`…-step=N-…` with `weights/`) or NVRx rank dirs, when there are no Megatron dirs."""
+    from ckptinspect.formats.nvrx_local import find_local_root
+    from ckptinspect.formats.stacks import is_nemo2_dir
+
+    root = find_local_root(path)
+    if root is not None:
+        its = tuple(IterationDir(f"iter_{n:07d}", n, path / f"iter_{n:07d}") for n in root.iterations)
+        return its, "nvrx", Stack.NVRX_LOCAL, (f"NVRx local checkpoint root: rank dirs {', '.join(root.rank_dirs[:8])}"
+                                               f"{' ...' if len(root.rank_dirs) > 8 else ''}")
+    try:
+        subdirs = sorted(p for p in path.iterdir() if p.is_dir())
+    except OSError:
+        return None
+    # `{root}/{session_id}/{rank}/…` with a non-empty session: one level down, iterations named `session/iter_N`
+    sessions = [(d, r) for d in subdirs[:64] if not d.name.isdigit() and (r := find_local_root(d)) is not None]
+    if sessions:
+        its = tuple(IterationDir(f"{d.name}/iter_{n:07d}", n, d / f"iter_{n:07d}") for d, r in sessions
+                    for n in r.iterations)
+        its = tuple(sorted(its, key=lambda i: (int(i.iteration), i.name)))
+        return its, "nvrx", Stack.NVRX_LOCAL, ("NVRx local checkpoint root with session dir(s) "
+                                               + ", ".join(d.name for d, _ in sessions[:8]))
+    nemo = []
+    for p in subdirs:
+        if is_nemo2_dir(p):
+            m = _NEMO_STEP.search(p.name)
+            nemo.append(IterationDir(p.name, int(m.group(1)) if m else -1, p))
+    if not nemo:
+        return None
+    # `-last` copies sort after the step checkpoint of the same step (NeMo ModelCheckpoint save_last)
+    nemo.sort(key=lambda i: (int(i.iteration), i.name.endswith("-last"), i.name))
+    return tuple(nemo), "nemo2", Stack.NEMO2, "NeMo 2 checkpoints dir (…step=N… dirs with weights/ + context/)"
 
 
 def read_save_dir(path: Path) -> SaveDir:
     iterations, style = iteration_dirs(path)
-    return SaveDir(path, read_tracker(path), iterations, style)
+    stack: Stack | None = None
+    why: str | None = None
+    bridge_step: int | None = None
+    if not iterations:
+        found = _stack_iterations(path)
+        if found is not None:
+            iterations, style, stack, why = found
+    elif (path / "latest_train_state.pt").exists():
+        from ckptinspect.formats.stacks import train_state_step
+
+        bridge_step = train_state_step(path / "latest_train_state.pt")
+        stack, why = Stack.MEGATRON_BRIDGE, (f"latest_train_state.pt present (step {bridge_step}): a Megatron-Bridge "
+                                             "save dir; Bridge resumes from its step before the text tracker")
+    elif path.name == "non_persistent":
+        stack, why = Stack.MEGATRON_NON_PERSISTENT, "Megatron non-persistent global checkpoint dir ({save}/non_persistent)"
+    return SaveDir(path, read_tracker(path), iterations, style, stack, why, bridge_step)

@@ -15,8 +15,10 @@ from ckptinspect.formats._files import regular_size
 from ckptinspect.safeio import read_small
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.formats.legacy import is_legacy_dir
+from ckptinspect.formats.nvrx_local import LOCAL_FILE
 from ckptinspect.formats.savedir import TRACKER, looks_like_save_dir
-from ckptinspect.model import Format, Kind
+from ckptinspect.formats.stacks import classify_dcp_keys, outer_layout, unfinished_marker
+from ckptinspect.model import Format, Kind, Stack
 
 MAX_JSON_BYTES = 1 << 20  # metadata.json is ~120 bytes; a huge one is garbage, not worth reading
 FSDP_PREFIXES = ("model.module.", "optimizer.state.module.", "optimizer.param_to_group_meta.")
@@ -50,6 +52,9 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
     format of a save that crashed before `.metadata` existed.
     """
     if path.is_file():
+        if LOCAL_FILE.match(path.name):
+            return CheckpointSniff(Format.NVRX_LOCAL, (f"{path.name}: an NVRx local checkpoint file "
+                                                       "(iter_N_R_local.pt)",), "nvidia-resiliency-ext", "complete")
         if path.suffix == ".pt":
             return CheckpointSniff(Format.TORCH, (f"{path.name}: a torch.save file (legacy per-rank format)",),
                                    "megatron legacy torch", "complete")
@@ -106,6 +111,38 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
     return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, "CK100")
 
 
+def sniff_stacked(path: Path, megatron_context: bool = False) -> tuple[CheckpointSniff, Stack | None]:
+    """`sniff_checkpoint` that also knows the stacks: NVRx iterations, NeMo 2 / Bridge outer layouts, torchtitan vs
+    Megatron FSDP keys. Returns the sniff (of the payload, evidence of the layout first) and the stack."""
+    from ckptinspect.formats.nvrx_local import virtual_iteration
+
+    local = virtual_iteration(path)
+    if local is not None:
+        root, it = local
+        mine = [f for f in root.files if f.iteration == it]
+        ev = (f"NVRx local checkpoint: {len(mine)} file(s) iter_{it:07d}_<rank>_local[.dirty].pt in "
+              f"{len(root.rank_dirs)} rank dir(s) (nvidia-resiliency-ext LocalCheckpointManager)",)
+        dirty = any(f.dirty for f in mine)
+        return CheckpointSniff(Format.NVRX_LOCAL, ev, "nvidia-resiliency-ext", "CK513" if dirty else "complete"), \
+            Stack.NVRX_LOCAL
+    if path.is_file() and LOCAL_FILE.match(path.name):
+        return sniff_checkpoint(path), Stack.NVRX_LOCAL
+    layout = outer_layout(path)
+    if layout is None:
+        s = sniff_checkpoint(path, megatron_context)
+        stack = None
+        if s.format is Format.FSDP_DTENSOR:
+            stack = Stack.MEGATRON_FSDP
+        elif any(e.startswith("torchtitan") for e in s.evidence):
+            stack = Stack.TORCHTITAN
+        return s, stack
+    s = sniff_checkpoint(layout.payload, True)
+    state = s.state
+    if layout.stack is Stack.NEMO2 and unfinished_marker(path).exists():
+        state = "CK507"
+    return CheckpointSniff(s.format, layout.evidence + s.evidence, s.generation, state), layout.stack
+
+
 def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
     markers: list[str] = []
     if (path / "common.pt").exists():
@@ -129,9 +166,11 @@ def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
         markers.append("planner_data is None (Megatron's MCoreSavePlanner)")
     if markers:
         return Format.TORCH_DIST, markers
-    if any(k.startswith(FSDP_PREFIXES) for k in keys):
-        return Format.FSDP_DTENSOR, ["fsdp_dtensor key prefixes (model.module., optimizer.state.module.)"]
-    return Format.TORCH_DCP, ["planner_data is a non-empty fqn map (flatten_state_dict=True)"]
+    stack, why = classify_dcp_keys(keys)
+    if stack is Stack.MEGATRON_FSDP:
+        return Format.FSDP_DTENSOR, [why or "fsdp_dtensor key prefixes"]
+    out = ["planner_data is a non-empty fqn map (flatten_state_dict=True)"]
+    return Format.TORCH_DCP, out + ([why] if why else [])
 
 
 def path_kind(path: Path) -> Kind:
@@ -155,12 +194,13 @@ class SniffReport:
     generation: str | None
     state: str
     checkpoint: str | None
+    stack: Stack | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
             "path": self.path, "kind": self.kind.value, "format": self.format.value if self.format else None,
             "evidence": list(self.evidence), "generation": self.generation, "state": self.state,
-            "checkpoint": self.checkpoint,
+            "checkpoint": self.checkpoint, "stack": self.stack.value if self.stack else None,
         }
 
 
@@ -170,8 +210,8 @@ def sniff(path: Path, label: str | None = None) -> SniffReport:
 
     label = label if label is not None else str(path)
     if path_kind(path) is Kind.CHECKPOINT:
-        s = sniff_checkpoint(path)
-        return SniffReport(label, Kind.CHECKPOINT, s.format, s.evidence, s.generation, s.state, label)
+        s, stack = sniff_stacked(path)
+        return SniffReport(label, Kind.CHECKPOINT, s.format, s.evidence, s.generation, s.state, label, stack)
     save = read_save_dir(path)
     ev: list[str] = []
     t = save.tracker
@@ -184,8 +224,11 @@ def sniff(path: Path, label: str | None = None) -> SniffReport:
     pick = save.resume_pick()
     if pick is None:
         return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, "CK503" if t.exists else "CK100", None)
-    s = sniff_checkpoint(pick.path, save.style == "megatron")
+    s, stack = sniff_stacked(pick.path, save.style == "megatron")
+    if save.style_evidence:
+        ev.insert(0, save.style_evidence)
+    stack = stack or save.stack
     ev.append(f"resume would load {pick.name}")
     ev.extend(f"{pick.name}: {e}" for e in s.evidence)
     return SniffReport(label, Kind.SAVE_DIR, s.format, tuple(ev), s.generation, s.state,
-                       f"{label.rstrip('/')}/{pick.name}")
+                       f"{label.rstrip('/')}/{pick.name}", stack)

@@ -209,7 +209,8 @@ def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | Non
         a = audit_checkpoint(it.path, _join(label, it.name), opts, False, save.style == "megatron", it.name)
         statuses[it.name] = a.status
         c = a.checkpoint
-        files = _all_files(it.path)
+        # an NVRx iteration is virtual (its files live in the rank dirs): the reader listed them
+        files = _all_files(it.path) if it.path.exists() else c.files
         rows.append(IterationRow(it.name, it.iteration, c.format.value if c.format else None, a.status,
                                  sum(f.size or 0 for f in files), len(files),
                                  tracked is not None and tracked.name == it.name,

@@ -22,6 +22,12 @@ def predict_resume(ckpt: Checkpoint, target: ResumeTarget) -> ResumePrediction:
         value = getattr(target, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, not {value!r}")
+    if ckpt.format is Format.NVRX_LOCAL:
+        # The local files hold MCoreTensorAwareStateDicts for the saving ranks only; Megatron/Bridge restore them as
+        # saved with the same parallelism (Bridge `_load_checkpoint_from_path`: "local checkpoints always resume
+        # with the same parallelism"), else the persistent checkpoint is used.
+        raise UsageError(f"{ckpt.path}: an NVRx local checkpoint resumes only with the topology that saved it "
+                         f"(world size {ckpt.topology.world_size}); predict the persistent checkpoint instead")
     if ckpt.format in (Format.TORCH_DCP, Format.FSDP_DTENSOR):
         raise UsageError(f"{ckpt.path}: resume predicts Megatron torch_dist and legacy torch checkpoints, "
                          f"not {ckpt.format.value}")
