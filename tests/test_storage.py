@@ -131,12 +131,13 @@ def test_metadata_level_commands_read_only_metadata(td2_url: str) -> None:
     assert code == 0 and doc["status"] == "complete"
     st = doc["storage"]
     assert meta < st["bytes_transferred"] <= meta + scanned, st
-    assert st["requests"] <= 1 + len(meta_names) + len(with_items) and st["retries"] == 0, st
+    # + 2: the reader asks the parent prefix for `latest_train_state.pt` (one LIST that finds nothing, one HEAD)
+    assert st["requests"] <= 1 + len(meta_names) + len(with_items) + 2 and st["retries"] == 0, st
     for cmd in (["info", td2_url], ["coverage", td2_url], ["resume", td2_url, "--tp", "2", "--pp", "2"]):
         code, out, err = cli(*cmd, "-o", "json")
         assert code in (0, 1), err
         got = json.loads(out)["storage"]
-        assert got["bytes_transferred"] == meta and got["requests"] == 1 + len(meta_names), (cmd, got)
+        assert got["bytes_transferred"] == meta and got["requests"] <= 1 + len(meta_names) + 2, (cmd, got)
 
 
 def test_deep_reads_stay_within_the_items(td2_url: str) -> None:
@@ -174,7 +175,7 @@ def test_manifest_write_to_url_then_verify(s3_server: S3Server, tmp_path: Path) 
     blob = bytearray((ck / name).read_bytes())
     blob[len(blob) // 2] ^= 0xFF
     s3_server.client.put_object(Bucket=s3_server.bucket, Key=f"manifest/ok/{name}", Body=bytes(blob))
-    code, doc = audit_json(url)
+    code, doc = audit_json(url, "--hash")  # audit hashes the listed files only when asked
     assert code == 1 and "CK401" in codes(doc)
 
 
