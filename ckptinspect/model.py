@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptinspect.findings import Finding
+
+if TYPE_CHECKING:
+    from ckptinspect.chunk_table import ChunkTable
 
 
 class Format(enum.Enum):
@@ -105,7 +108,8 @@ class Tensor:
     key: the name on disk (a DCP fqn, a Megatron ShardedTensor key, or a legacy state-dict path).
     shape: the global shape, as stored (Megatron 0.8–0.15 N-D reformulated tensors keep their on-disk shape).
     dtype: torch dtype name without the ``torch.`` prefix.
-    chunks: stored pieces; for a legacy per-rank file one chunk that is the whole local tensor.
+    chunks: stored pieces; for a legacy per-rank file one chunk that is the whole local tensor. A streamed DCP
+      checkpoint gives a view of its `ChunkTable` (`chunk_table.TableChunks`: `Chunk`s made on access).
     shard: for legacy files, the shard dir it came from (``mp_rank_01_000``); None for global formats.
     orig_shape: the original shape of an N-D reformulated tensor (`mcore_data`), else None.
     """
@@ -113,7 +117,7 @@ class Tensor:
     key: str
     shape: tuple[int, ...]
     dtype: str
-    chunks: tuple[Chunk, ...]
+    chunks: Sequence[Chunk]
     shard: str | None = None
     orig_shape: tuple[int, ...] | None = None
 
@@ -202,6 +206,8 @@ class Checkpoint:
     rank_items: per save-time rank, how many items it wrote (Megatron's `all_local_plans`), () when unknown.
     findings: what the reader itself found (unreadable files, unsafe pickles, half-written state).
     extra: format-specific facts for renderers (``metadata_json``, ``mcore_data`` keys, ...).
+    table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
+      run vectorised over millions of chunks; None for formats without one (legacy).
     """
 
     path: str
@@ -218,6 +224,7 @@ class Checkpoint:
     rank_items: tuple[int, ...] = ()
     findings: tuple[Finding, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
+    table: ChunkTable | None = None
 
     @property
     def data_bytes(self) -> int:

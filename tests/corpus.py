@@ -263,6 +263,20 @@ class Hostile:
         return (os.system, (f"touch {shlex.quote(str(self.marker))}",))
 
 
+class CallsTimeit:
+    """A pickle payload through a callable no deny list names: `timeit.timeit(stmt, setup, timer, number)` execs
+    `stmt`. The tool must flag the call (CK604) and never run it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import time
+        import timeit
+
+        return (timeit.timeit, (f"open({str(self.marker)!r}, 'w').close()", "pass", time.perf_counter, 1))
+
+
 class Harmless:
     """An object of a class no allowlist knows (pickled as `corpus.Harmless`): kept opaque (CK602)."""
 
@@ -458,6 +472,25 @@ def _hostile_common_pt(ckpt: Path, ctx: Ctx) -> None:
     edit_torch_file(ckpt / "common.pt", lambda common: common.__setitem__("payload", Hostile(ctx.marker)))
 
 
+def _timeit_common_pt(ckpt: Path, ctx: Ctx) -> None:
+    edit_torch_file(ckpt / "common.pt", lambda common: common.__setitem__("payload", CallsTimeit(ctx.marker)))
+
+
+def _item_outside_dir(ckpt: Path, ctx: Ctx) -> None:
+    """DCP's reader opens `relative_path` joined to the checkpoint dir as it stands: `../` leaves it. Move the
+    data file of one stored item next to the checkpoint and point the item there."""
+    import dataclasses
+    import shutil
+
+    outside = ckpt.parent / "outside_data"
+    outside.mkdir(exist_ok=True)
+    with edit_metadata(ckpt) as md:
+        key = sorted(md.storage_data, key=lambda k: k.fqn)[0]
+        info = md.storage_data[key]
+        shutil.copy(ckpt / info.relative_path, outside / info.relative_path)
+        md.storage_data[key] = dataclasses.replace(info, relative_path=f"../outside_data/{info.relative_path}")
+
+
 def _hostile_legacy_pt(it: Path, ctx: Ctx) -> None:
     edit_torch_file(it / "mp_rank_01_000" / "model_optim_rng.pt",
                     lambda sd: sd.__setitem__("payload", Hostile(ctx.marker)))
@@ -588,6 +621,8 @@ CASES: tuple[Case, ...] = (
     Case("hostile_metadata_planner_data", dcp(_hostile_in_planner_data), "unsafe", S({"CK601"}), sources=DCP,
          subprocess=True),
     Case("hostile_common_pt", td2(_hostile_common_pt), "unsafe", S({"CK601"}), sources=TD, subprocess=True),
+    Case("hostile_common_pt_timeit", td2(_timeit_common_pt), "unsafe", S({"CK604"}), sources=TD, subprocess=True),
+    Case("storage_item_outside_dir", td2(_item_outside_dir), "unsafe", S({"CK207"}), sources=TD, subprocess=True),
     Case("hostile_legacy_model_pt", legacy(_hostile_legacy_pt), "unsafe", S({"CK601"}), sources=LEG,
          subprocess=True),
     Case("hostile_common_state_item", m19(_hostile_item("common_state/shard_0_1")), "unsafe", S({"CK601", "CK401"}),
@@ -595,8 +630,12 @@ CASES: tuple[Case, ...] = (
     Case("hostile_rng_item", td2(_hostile_item(RNG_CELL)), "unsafe", S({"CK601"}), sources=TD, subprocess=True),
     Case("hostile_rng_item_deep", td2(_hostile_item(RNG_CELL)), "unsafe", S({"CK601"}), flags=("--deep",),
          sources=TD, subprocess=True),
+    # an unknown class only referenced (the class object itself) is opaque, a warning; an INSTANCE of it is built
+    # by NEWOBJ, a call of a global that is not an inert constructor: torch.load would run it, so unsafe (CK604)
     Case("unknown_global_legacy_pt", legacy(_legacy_pt("mp_rank_00_001", lambda sd: sd.__setitem__(
-        "extra", Harmless()))), "complete", S({"CK602"}), S({"CK601"}), sources=LEG),
+        "extra", Harmless))), "complete", S({"CK602"}), S({"CK601", "CK604"}), sources=LEG),
+    Case("unknown_class_called_legacy_pt", legacy(_legacy_pt("mp_rank_00_001", lambda sd: sd.__setitem__(
+        "extra", Harmless()))), "unsafe", S({"CK604"}), S({"CK601"}), sources=LEG),
     Case("deeply_nested_legacy_pt", legacy(_legacy_pt("mp_rank_00_001", _nest(600))), "corrupt", S({"CK603"}), sources=LEG,
          subprocess=True),
     # legacy format

@@ -524,7 +524,10 @@ def test_check_runs_on_dirs_only(ckpt: Path, tmp_path: Path) -> None:
 
 def test_check_reports_progress(ckpt: Path) -> None:
     seen: list[int] = []
-    ctx = CheckContext(progress=lambda a, t, d: seen.append(a))
+    # audit hashes only with --hash / --deep (issue 18): metadata-level by default, nothing read, no progress
+    assert list(integrity.run(_ckpt(ckpt), CheckContext(progress=lambda a, t, d: seen.append(a)))) == []
+    assert seen == []
+    ctx = CheckContext(hash=True, progress=lambda a, t, d: seen.append(a))
     found: Iterator[Any] = integrity.run(_ckpt(ckpt), ctx)
     assert list(found) == [] and sum(seen) == verify_manifest(ckpt).bytes_hashed
 

@@ -668,34 +668,14 @@ class Totals:
     plan_items: int = 0
 
 
-def generate(spec: Spec, out: Path, seed: int, plans: bool, real_headers: bool,
-             checkpoint_id: Optional[str] = None, log=print) -> tuple[Totals, dict]:
-    T, DP, PP = spec.tp, spec.dp, spec.pp
-    W = spec.world
-    L = spec.layers
+def iter_ranks(spec: Spec, stages: list[Stage], payloads: Payloads) -> Iterable[tuple[int, int, list[tuple]]]:
+    """Every rank's items in save order: (rank, pp, items), items ``("B", key, length, payload kind)`` or
+    ``("T", key, offsets, sizes, global shape, dtype, MetadataIndex.index)``. Deterministic: the streaming writer
+    replays it once per section of the pickle."""
+    T, DP, PP, W = spec.tp, spec.dp, spec.pp, spec.world
+    isz_model = _DTYPES[spec.param_dtype].itemsize
     mdtype = _DTYPES[spec.param_dtype]
-    isz_model = mdtype.itemsize
     f32 = torch.float32
-    overhead = _calibrate_overhead()
-    counts = stage_layer_counts(L, PP)
-    stages = [build_stage(spec, pp, counts) for pp in range(PP)]
-    for st in stages:
-        st.buckets = bucketize(st.params, spec.bucket_size, DP)
-    payloads = Payloads(spec, seed, stages)
-    rngm = random.Random(seed ^ 0x5EED)
-    save_id = str(uuid.UUID(int=rngm.getrandbits(128), version=4))
-
-    def tlen(sizes: tuple[int, ...], isz: int) -> int:
-        nb = math.prod(sizes) * isz
-        return (nb - nb % 64 + overhead) if nb else overhead - 64
-
-    tot = Totals()
-    sdm: dict[str, Any] = {}
-    storage: dict[MetadataIndex, _StorageInfo] = {}
-    all_plans: list[SavePlan] = []
-    out.mkdir(parents=True, exist_ok=True)
-    archiver = ArchiveWriter(out / ".synthetic_scratch") if real_headers else None
-    SHARD, BYTE_IO = WriteItemType.SHARD, WriteItemType.BYTE_IO
     opt_prefix = "optimizer.distributed.dp_group_idx_{g}"
 
     for pp, st in enumerate(stages):
@@ -755,10 +735,45 @@ def generate(spec: Spec, out: Path, seed: int, plans: bool, real_headers: bool,
                         key = f"{gp}.gbuf_idx_0.dtype_{OPT_DTYPE_KEY}.bucket_idx_{k}.{state}"
                         for i, (o, n) in enumerate(bp):
                             items.append(("T", key, (o,), (n,), (U,), f32, i))
-                _emit_rank(rank, items, spec, out, sdm, storage, all_plans, tot, tlen, isz_model,
-                           payloads, pp, archiver, SHARD, BYTE_IO)
-        if pp == 0 or (pp + 1) % max(1, PP // 4) == 0:
-            log(f"  stage {pp + 1}/{PP}: {tot.chunks} chunks, {tot.files} files so far")
+                yield rank, pp, items
+
+
+def generate(spec: Spec, out: Path, seed: int, plans: bool, real_headers: bool,
+             checkpoint_id: Optional[str] = None, log=print) -> tuple[Totals, dict]:
+    T, DP, PP = spec.tp, spec.dp, spec.pp
+    W = spec.world
+    L = spec.layers
+    mdtype = _DTYPES[spec.param_dtype]
+    isz_model = mdtype.itemsize
+    f32 = torch.float32
+    overhead = _calibrate_overhead()
+    counts = stage_layer_counts(L, PP)
+    stages = [build_stage(spec, pp, counts) for pp in range(PP)]
+    for st in stages:
+        st.buckets = bucketize(st.params, spec.bucket_size, DP)
+    payloads = Payloads(spec, seed, stages)
+    rngm = random.Random(seed ^ 0x5EED)
+    save_id = str(uuid.UUID(int=rngm.getrandbits(128), version=4))
+
+    def tlen(sizes: tuple[int, ...], isz: int) -> int:
+        nb = math.prod(sizes) * isz
+        return (nb - nb % 64 + overhead) if nb else overhead - 64
+
+    tot = Totals()
+    sdm: dict[str, Any] = {}
+    storage: dict[MetadataIndex, _StorageInfo] = {}
+    all_plans: list[SavePlan] = []
+    out.mkdir(parents=True, exist_ok=True)
+    archiver = ArchiveWriter(out / ".synthetic_scratch") if real_headers else None
+    SHARD, BYTE_IO = WriteItemType.SHARD, WriteItemType.BYTE_IO
+    last_pp = -1
+    for rank, pp, items in iter_ranks(spec, stages, payloads):
+        if pp != last_pp and last_pp >= 0 and (last_pp == 0 or (last_pp + 1) % max(1, PP // 4) == 0):
+            log(f"  stage {last_pp + 1}/{PP}: {tot.chunks} chunks, {tot.files} files so far")
+        last_pp = pp
+        _emit_rank(rank, items, spec, out, sdm, storage, all_plans, tot, tlen, isz_model,
+                   payloads, pp, archiver, SHARD, BYTE_IO)
+    log(f"  stage {PP}/{PP}: {tot.chunks} chunks, {tot.files} files")
 
     if archiver is not None:
         archiver.close()
@@ -1084,6 +1099,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="write genuine torch.save archives for every item (tensor data stays sparse)")
     p.add_argument("--checkpoint-id", help="StorageMeta.checkpoint_id (default: the checkpoint dir as given)")
     p.add_argument("--force", action="store_true", help="overwrite an existing checkpoint in OUT_DIR")
+    p.add_argument("--objects", action="store_true",
+                   help="build torch's Metadata objects and pickle.dump them (the reference; ~1.5 KB RAM per chunk) "
+                        "instead of streaming the pickle (the default; ~40 bytes per chunk)")
     p.add_argument("--check", action="store_true", help="run validate() on the result (meant for <=200k chunks)")
     p.add_argument("--dry-run", action="store_true", help="only print the chosen configuration")
     p.add_argument("--json", dest="json_out", help="also write the totals as JSON to this file")
@@ -1126,17 +1144,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     gc.disable()
     try:
         t0 = time.perf_counter()
-        tot, res = generate(spec, ckpt, args.seed, args.plans, args.real_headers,
-                            checkpoint_id=args.checkpoint_id)
-        t_build = time.perf_counter() - t0
-        md = res["metadata"]
-        t0 = time.perf_counter()
-        tmp = ckpt / ".metadata.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(md, f)  # exactly like FileSystemWriter.finish
-        os.replace(tmp, ckpt / ".metadata")
-        t_pickle = time.perf_counter() - t0
-        del md, res
+        if args.objects:
+            tot, res = generate(spec, ckpt, args.seed, args.plans, args.real_headers,
+                                checkpoint_id=args.checkpoint_id)
+            t_build = time.perf_counter() - t0
+            md = res["metadata"]
+            t0 = time.perf_counter()
+            tmp = ckpt / ".metadata.tmp"
+            with open(tmp, "wb") as f:
+                pickle.dump(md, f)  # exactly like FileSystemWriter.finish
+            os.replace(tmp, ckpt / ".metadata")
+            t_pickle = time.perf_counter() - t0
+            del md, res
+        else:
+            from _synthetic_stream import generate_streaming
+
+            tot, _ = generate_streaming(spec, ckpt, args.seed, args.plans, args.real_headers,
+                                        checkpoint_id=args.checkpoint_id)
+            t_build, t_pickle = time.perf_counter() - t0, 0.0
     finally:
         if gc_was:
             gc.enable()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,7 +234,15 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     """Coverage findings for every global tensor (legacy per-rank tensors are local: nothing to cover)."""
     if ckpt.format is Format.TORCH:
         return
-    for t in ckpt.tensors:
+    table = ckpt.table
+    if table is not None and len(ckpt.tensors) == table.n_tensors:
+        # a streamed DCP `.metadata`: screen every 1-D tensor at once, compute exactly only where needed
+        from ckptinspect.checks.columns import tensors_to_check
+
+        tensors: Iterable[Tensor] = [ckpt.tensors[i] for i in tensors_to_check(table).nonzero()[0].tolist()]
+    else:
+        tensors = ckpt.tensors
+    for t in tensors:
         cov = tensor_coverage(t)
         for f in findings_for(cov, ckpt.path):
             yield _with_layout(f, ckpt, t, cov) if f.code == "CK301" and cov.gaps else f

@@ -1,21 +1,24 @@
 """Storage: every stored item lies in an existing file (CK201, CK202), items do not overlap (CK203), no stale data
 files (CK204); with `--deep`, every item is a valid torch archive whose payload is prod(sizes) × dtype (CK205).
 
-The deep read is streamed item by item (one archive's central directory and `data.pkl` at a time: bounded memory)
-and needs no torch. Megatron and torch write items back to back (reference §6), so a gap between items is fine
+The deep read is streamed item by item (one archive's central directory and `data.pkl` at a time: bounded memory),
+file by file in offset order through one open handle per file, and needs no torch. With a chunk table (a streamed
+DCP `.metadata`) the item arrays come from its columns: no object per chunk. Megatron and torch write items back to back (reference §6), so a gap between items is fine
 but an overlap is not.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import read_item_archive
+from ckptinspect.checks.columns import chunk_tensor_ids
+from ckptinspect.formats._files import ItemFiles
 from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format, StoredItem, dtype_size
 from ckptinspect.safeio import leaves_dir
@@ -43,20 +46,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     import numpy as np  # lazily: a million stored items are checked as arrays, not Python tuples
 
     sizes = {f.name: f.size for f in ckpt.files}
-    file_ids: dict[str, int] = {}
-    fid: list[int] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    subjects: list[str] = []
-    for subject, item, _, _ in _items(ckpt):
-        fid.append(file_ids.setdefault(item.file, len(file_ids)))
-        starts.append(item.offset)
-        ends.append(item.end)
-        subjects.append(subject)
-    names = list(file_ids)
-    f_arr = np.array(fid, dtype=np.int64)
-    s_arr = np.array(starts, dtype=np.int64)
-    e_arr = np.array(ends, dtype=np.int64)
+    names, f_arr, s_arr, e_arr, subject = _arrays(ckpt)
     counts = np.bincount(f_arr, minlength=len(names)) if len(names) else np.zeros(0, dtype=np.int64)
     file_size = np.full(len(names), -1, dtype=np.int64)
     for i, name in enumerate(names):
@@ -66,7 +56,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         if size is None:
             first = int(np.argmax(f_arr == i))
             yield Finding("CK201", f"{name}: named by .metadata for {int(counts[i])} item(s) but does not exist",
-                          name, ckpt.path, {"items": int(counts[i]), "example": subjects[first]})
+                          name, ckpt.path, {"items": int(counts[i]), "example": subject(first)})
         else:
             file_size[i] = size
     present = file_size[f_arr] >= 0 if len(f_arr) else np.zeros(0, dtype=bool)
@@ -77,9 +67,9 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         yield Finding(
             "CK202",
             f"{names[i]}: {len(idx)} item(s) extend past the end of the file ({int(file_size[i])} bytes; items reach"
-            f" {worst}), e.g. {subjects[idx[0]]} — truncated",
+            f" {worst}), e.g. {subject(int(idx[0]))} — truncated",
             names[i], ckpt.path, {"file_size": int(file_size[i]), "items": int(len(idx)), "max_end": worst,
-                                  "examples": [subjects[j] for j in idx[:MAX_LISTED]]},
+                                  "examples": [subject(int(j)) for j in idx[:MAX_LISTED]]},
         )
     if len(f_arr) > 1:
         order = np.lexsort((s_arr, f_arr))
@@ -90,8 +80,9 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
             pairs = bad[fs[bad] == i]
             a, b = int(order[pairs[0]]), int(order[pairs[0] + 1])
             yield Finding(
-                "CK203", f"{names[i]}: {len(pairs)} overlapping stored item pair(s), e.g. {subjects[a]}"
-                f" [{starts[a]}, {ends[a]}) and {subjects[b]} [{starts[b]}, {ends[b]})", names[i], ckpt.path,
+                "CK203", f"{names[i]}: {len(pairs)} overlapping stored item pair(s), e.g. {subject(a)}"
+                f" [{int(s_arr[a])}, {int(e_arr[a])}) and {subject(b)} [{int(s_arr[b])}, {int(e_arr[b])})", names[i],
+                ckpt.path,
                 {"pairs": int(len(pairs))},
             )
     for name in names:
@@ -100,13 +91,60 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
             yield Finding("CK207", f"{name}: .metadata places {int(counts[i])} stored item(s) outside the checkpoint "
                           "dir; DCP would read (and unpickle) them from there", name, ckpt.path,
                           {"items": int(counts[i])})
-    referenced = set(file_ids)
+    referenced = set(names)
     for f in ckpt.files:
         if f.name.endswith(".distcp") and f.name not in referenced:
             yield Finding("CK204", f"{f.name}: data file not referenced by .metadata (stale leftover?)", f.name,
                           ckpt.path, {"bytes": f.size})
     if ctx.deep:
         yield from _deep(ckpt, ctx, sizes)
+
+
+def _arrays(ckpt: Checkpoint) -> tuple[list[str], Any, Any, Any, Callable[[int], str]]:
+    """(file names in first-use order, file index / start / end of every stored item, subject of item i): from the
+    chunk table's columns when there is one (no object per chunk), else from the model objects."""
+    import numpy as np
+
+    table = ckpt.table
+    if table is not None and len(ckpt.tensors) == table.n_tensors:
+        rows = np.flatnonzero(table.file_id >= 0)
+        tid = chunk_tensor_ids(table)[rows]
+        f = table.file_id[rows].astype(np.int64)
+        uniq, first = np.unique(f, return_index=True)
+        used = uniq[np.argsort(first, kind="stable")]
+        remap = np.full(len(table.files), -1, dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        names = [table.files[i] for i in used.tolist()]
+        file_ids = {n: i for i, n in enumerate(names)}
+        o_f, o_s, o_e, o_subj = [], [], [], []
+        for o in ckpt.objects:
+            if o.storage is not None:
+                o_f.append(file_ids.setdefault(o.storage.file, len(file_ids)))
+                o_s.append(o.storage.offset)
+                o_e.append(o.storage.end)
+                o_subj.append(o.key)
+        names = list(file_ids)
+        n = len(rows)
+        f_arr = np.concatenate((remap[f], np.array(o_f, dtype=np.int64)))
+        s_arr = np.concatenate((table.byte_offset[rows], np.array(o_s, dtype=np.int64)))
+        e_arr = np.concatenate((table.byte_offset[rows] + table.byte_length[rows], np.array(o_e, dtype=np.int64)))
+
+        def subject(i: int) -> str:
+            return table.keys[int(tid[i])] if i < n else o_subj[i - n]
+
+        return names, f_arr, s_arr, e_arr, subject
+    ids: dict[str, int] = {}
+    fid: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    subjects: list[str] = []
+    for subj, item, _, _ in _items(ckpt):
+        fid.append(ids.setdefault(item.file, len(ids)))
+        starts.append(item.offset)
+        ends.append(item.end)
+        subjects.append(subj)
+    return (list(ids), np.array(fid, dtype=np.int64), np.array(starts, dtype=np.int64),
+            np.array(ends, dtype=np.int64), subjects.__getitem__)
 
 
 def _size_outside_listing(root: Path, name: str) -> int | None:
@@ -116,26 +154,66 @@ def _size_outside_listing(root: Path, name: str) -> int | None:
 
 
 def _deep(ckpt: Checkpoint, ctx: CheckContext, sizes: dict[str, int | None]) -> Iterator[Finding]:
-    root = location(ckpt.path)
-    items = [x for x in _items(ckpt) if sizes.get(x[1].file) is not None and x[1].end <= (sizes[x[1].file] or 0)]
-    total = sum(i[1].length for i in items)
+    """Read every stored item, file by file in offset order: one open handle per `.distcp` file, sequential reads."""
+
+    def readable(item: StoredItem) -> bool:
+        size = sizes.get(item.file)
+        return size is not None and item.end <= size
+
+    total = sum(item.length for _, item, _, _ in _items(ckpt) if readable(item))
     bad = 0
-    for subject, item, dtype, expected in items:
-        problem = _deep_one(root, item, dtype, expected)
-        if ctx.progress is not None:
-            ctx.progress(item.length, total, "deep read")
-        if problem is not None:
-            bad += 1
-            if bad <= 50:
-                yield Finding("CK205", f"{subject}: stored item in {item.file} at {item.offset}: {problem}",
-                              subject, ckpt.path, {"file": item.file, "offset": item.offset, "length": item.length})
+    with ItemFiles(location(ckpt.path)) as files:
+        for subject, item, dtype, expected in _items_by_position(ckpt):
+            if not readable(item):
+                continue
+            problem = _deep_one(files, item, dtype, expected)
+            if ctx.progress is not None:
+                ctx.progress(item.length, total, "deep read")
+            if problem is not None:
+                bad += 1
+                if bad <= 50:
+                    yield Finding("CK205", f"{subject}: stored item in {item.file} at {item.offset}: {problem}",
+                                  subject, ckpt.path, {"file": item.file, "offset": item.offset,
+                                                       "length": item.length})
     if bad > 50:
         yield Finding("CK205", f"{bad - 50} more stored item(s) are invalid", None, ckpt.path, {"more": bad - 50})
 
 
-def _deep_one(root: Path, item: StoredItem, dtype: str | None, expected: int | None) -> str | None:
+def _items_by_position(ckpt: Checkpoint) -> Iterator[tuple[str, StoredItem, str | None, int | None]]:
+    """`_items` ordered by (file, offset); from the chunk table one row at a time (sorted as arrays)."""
+    import numpy as np
+
+    table = ckpt.table
+    if table is None or len(ckpt.tensors) != table.n_tensors:
+        yield from sorted(_items(ckpt), key=lambda x: (x[1].file, x[1].offset))
+        return
+    rows = np.flatnonzero(table.file_id >= 0)
+    objs = [o for o in ckpt.objects if o.storage is not None]
+    fids = {name: i for i, name in enumerate(table.files)}
+    o_file = np.array([fids.setdefault(o.storage.file, len(fids)) for o in objs if o.storage], dtype=np.int64)
+    o_pos = np.array([o.storage.offset for o in objs if o.storage], dtype=np.int64)
+    f_all = np.concatenate((table.file_id[rows].astype(np.int64), o_file))
+    p_all = np.concatenate((table.byte_offset[rows], o_pos))
+    tid = chunk_tensor_ids(table)
+    n = len(rows)
+    for j in np.lexsort((p_all, f_all)).tolist():
+        if j >= n:
+            o = objs[j - n]
+            assert o.storage is not None
+            yield o.key, o.storage, None, None
+            continue
+        r = int(rows[j])
+        t = int(tid[r])
+        c = table.chunk(r)
+        dtype = table.dtypes[t]
+        size = dtype_size(dtype)
+        assert c.storage is not None
+        yield table.keys[t], c.storage, dtype, (math.prod(c.sizes) * size if size is not None else None)
+
+
+def _deep_one(files: ItemFiles, item: StoredItem, dtype: str | None, expected: int | None) -> str | None:
     try:
-        archive = read_item_archive(root, item)
+        archive = files.archive(item)
     except ReadError as e:
         return f"not a valid archive ({e})"
     if dtype is None:

@@ -6,6 +6,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
@@ -92,6 +93,47 @@ def read_item_archive(ckpt_dir: Path, item: StoredItem) -> TorchArchive:
             return read_torch_archive(f, item.offset, item.length)
     except OSError as e:
         raise ReadError(f"cannot read {item.file}: {e.strerror or e}", "CK201") from e
+
+
+class ItemFiles:
+    """Stored items read through one open handle per file: the handle of the last file used stays open, so items
+    read in (file, offset) order open each `.distcp` once (`audit --deep` over millions of items)."""
+
+    def __init__(self, ckpt_dir: Path) -> None:
+        self.root = ckpt_dir
+        self.name: str | None = None
+        self.f: BinaryIO | None = None
+        self.size = 0
+
+    def __enter__(self) -> ItemFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+        self.f, self.name = None, None
+
+    def archive(self, item: StoredItem) -> TorchArchive:
+        """The torch archive stored at `item` (same errors as `read_item_archive`)."""
+        if item.transforms:
+            raise ReadError(f"stored item uses stream transforms {item.transforms}, not supported", "CK205")
+        if item.file != self.name or self.f is None:
+            self.close()
+            try:
+                self.f = open_regular(self.root / item.file)
+                self.size = file_size(self.f)
+            except OSError as e:
+                raise ReadError(f"cannot read {item.file}: {e.strerror or e}", "CK201") from e
+            self.name = item.file
+        if item.offset < 0 or item.length < 0 or item.end > self.size:
+            raise ReadError(f"{item.file}: item [{item.offset}, {item.end}) past end of file ({self.size})", "CK202")
+        try:
+            return read_torch_archive(self.f, item.offset, item.length)
+        except OSError as e:
+            raise ReadError(f"cannot read {item.file}: {e.strerror or e}", "CK201") from e
 
 
 def pickle_findings(report: PickleReport, subject: str, path: str) -> list[Finding]:

@@ -12,9 +12,9 @@ from pathlib import Path
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
-from ckptinspect.safeio import file_size, open_regular
-from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport
-from ckptinspect.formats.dcp_metadata import DcpMetadata, read_dcp_metadata
+from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
 
 METADATA = ".metadata"
@@ -38,11 +38,8 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
     if mpath.exists() or mpath.is_symlink():
         report = PickleReport()
         try:
-            with open_regular(mpath) as f:
-                size = file_size(f)
-                if size > MAX_PICKLE_BYTES:
-                    raise ReadError(f".metadata of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound", "CK603")
-                md = read_dcp_metadata(f, report)
+            # the sniff may have read it already: `read_metadata_file` hands over what it kept
+            md = read_metadata_file(mpath, report).as_dcp_metadata()
         except OSError as e:
             findings.append(Finding("CK106", f".metadata unreadable: {e.strerror or e}", METADATA, label))
         except ReadError as e:
@@ -76,6 +73,7 @@ def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoi
         rank_items=md.rank_items if md else (),
         findings=d.findings,
         extra=extra,
+        table=md.table if md else None,
     )
 
 

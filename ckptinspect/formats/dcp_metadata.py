@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
@@ -49,6 +49,7 @@ class DcpMetadata:
     unknown_attrs: tuple[str, ...]
     storage_without_metadata: int
     report: PickleReport
+    table: Any = field(default=None, compare=False)  # the `ChunkTable` of `tensors` when streamed (`dcp_stream.py`)
 
 
 def parse_shard_key(key: str) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
 from ckptinspect.safeio import read_small
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.formats.legacy import is_legacy_dir
 from ckptinspect.formats.nvrx_local import LOCAL_FILE
 from ckptinspect.formats.savedir import TRACKER, looks_like_save_dir
@@ -152,10 +152,11 @@ def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
     if size is None or size > (64 << 20):
         return Format.TORCH_DCP, markers
     try:
-        md = read_dcp_metadata(read_small(path / ".metadata", 64 << 20))
+        # kept for the reader that follows: the file is read once (`dcp_stream.read_metadata_file`)
+        md = read_metadata_file(path / ".metadata", keep=True)
     except Exception:  # noqa: BLE001 - unreadable metadata is reported by the reader; sniff falls back to DCP
         return Format.TORCH_DCP, markers
-    keys = [t.key for t in md.tensors] + [o.key for o in md.objects]
+    keys = list(md.table.keys) + [o.key for o in md.objects]
     if any(o.key == "common_state/shard_0_1" for o in md.objects):
         markers.append("common_state/shard_0_1 item")
     if any(o.grid is not None for o in md.objects):

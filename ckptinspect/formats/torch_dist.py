@@ -101,6 +101,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
         rank_items=md.rank_items if md else (),
         findings=tuple(findings),
         extra=extra,
+        table=md.table if md else None,
     )
 
 

@@ -24,9 +24,20 @@ import _compat_pickle
 import codecs
 import copyreg
 import functools
-from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
+from ckptinspect.pickling.walkstate import (
+    _EMPTY,
+    _THROUGH_CALL,
+    _THROUGH_NEW,
+    MAX_LINE,
+    GlobalRef,
+    Source,
+    Stop,
+    _combine,
+    _depth,
+    _Val,
+)
 from ckptinspect.pickling.callables import THROUGH_CALL, THROUGH_NEW, callable_safely
 from ckptinspect.pickling.allowlist import GlobalClass, classify
 from ckptinspect.pickling.opcodes import (  # the opcode table
@@ -60,10 +71,8 @@ if TYPE_CHECKING:
 
 MAX_TRACKED_STR = 1024  # longer strings cannot be module/attribute names worth tracking: kept as opaque values
 MAX_DEPTH = 250  # nesting of containers / calls; real state dicts stay below ~20
-MAX_LINE = 1 << 20  # protocol-0 argument lines
 MAX_BLOBS = 1000  # embedded pickles / archives recorded per stream
 MAX_GLOBAL_NAMES = 10_000  # distinct globals per stream
-WINDOW = 8 << 20  # stream read size
 
 # Qualified name recorded for a STACK_GLOBAL whose module/name were not literal strings.
 DYNAMIC_GLOBAL = "<dynamic STACK_GLOBAL>"
@@ -74,142 +83,13 @@ _CALL_OPS = {ord("R"): "REDUCE", ord("\x81"): "NEWOBJ", ord("\x92"): "NEWOBJ_EX"
 _MODIFY_OPS = frozenset(ord(c) for c in "ae" "s" "u" "\x90")  # APPEND(S) SETITEM(S) ADDITEMS: container stays
 _BLOB_OPS = frozenset({ord("B"), ord("C"), ord("\x8e"), ord("\x96")})  # BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8
 _PERSID_OPS = frozenset({ord("P"), ord("Q")})
+# What a generic opcode does with what it consumes, by opcode byte.
+_K_PLAIN, _K_CALL, _K_MODIFY, _K_PERSID = 0, 1, 2, 3
+_KINDS = [_K_CALL if i in _CALL_OPS else _K_MODIFY if i in _MODIFY_OPS else _K_PERSID if i in _PERSID_OPS
+          else _K_PLAIN for i in range(256)]
 _PICKLE_HEADS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 _ZIP_HEAD = b"PK\x03\x04"
 _LATIN1_PICKLE_HEADS = tuple("\x80".encode() + bytes([p]) for p in (2, 3, 4, 5))
-
-
-@dataclass(frozen=True, slots=True)
-class GlobalRef:
-    """One global a pickle references: where (byte offset of the opcode) and through which opcode."""
-
-    module: str
-    name: str
-    opcode: str
-    offset: int
-    verdict: GlobalClass
-
-    @property
-    def qualname(self) -> str:
-        return f"{self.module}.{self.name}" if self.module else self.name
-
-
-class _Val:
-    """A tracked non-string stack value: a global, or a value built from globals that may not be called."""
-
-    __slots__ = ("qual", "call_ok", "new_ok", "through", "taint", "ntaint", "depth")
-
-    def __init__(self, qual: str | None, taint: frozenset[str], ntaint: frozenset[str], depth: int,
-                 call_ok: bool = False, new_ok: bool = False, through: int = 0) -> None:
-        self.qual = qual  # set for a global as pushed; None for a derived value
-        self.call_ok = call_ok  # REDUCE / OBJ / INST on it runs no code
-        self.new_ok = new_ok  # NEWOBJ on it runs no code (an allowed class)
-        self.through = through  # 0, or what it does to its arguments: _THROUGH_CALL / _THROUGH_NEW
-        self.taint = taint  # globals inside that may not be called
-        self.ntaint = ntaint  # globals inside that may not even be instantiated (outside the allowlist)
-        self.depth = depth
-
-
-_THROUGH_CALL, _THROUGH_NEW = 2, 1
-
-
-_EMPTY: frozenset[str] = frozenset()
-
-
-def _depth(v: object) -> int:
-    if isinstance(v, int):
-        return v
-    if isinstance(v, _Val):
-        return v.depth
-    return 0
-
-
-def _combine(values: list[object], extra: int = 1) -> object:
-    """The value built from `values`: depth 1 + the deepest, the union of their taints."""
-    depth = 0
-    taint: frozenset[str] = _EMPTY
-    ntaint: frozenset[str] = _EMPTY
-    for v in values:
-        c = v.__class__
-        if c is int:
-            if v > depth:  # type: ignore[operator]
-                depth = v  # type: ignore[assignment]
-        elif c is _Val:
-            if v.depth > depth:  # type: ignore[attr-defined]
-                depth = v.depth  # type: ignore[attr-defined]
-            if v.taint:  # type: ignore[attr-defined]
-                taint = taint | v.taint  # type: ignore[attr-defined]
-                if v.ntaint:  # type: ignore[attr-defined]
-                    ntaint = ntaint | v.ntaint  # type: ignore[attr-defined]
-    depth += extra
-    return _Val(None, taint, ntaint, depth) if taint else depth
-
-
-class Stop(Exception):
-    """The current segment cannot be walked further (malformed, or `limit`: a resource bound was hit)."""
-
-    def __init__(self, message: str, offset: int, limit: bool = False) -> None:
-        super().__init__(message)
-        self.offset = offset
-        self.limit = limit
-
-
-class Source:
-    """The bytes being walked: a whole buffer, or a stream of `total` bytes read in windows.
-
-    `buf[pos]` is the byte at absolute offset `base + pos`.
-    """
-
-    def __init__(self, data: bytes | None, stream: IO[bytes] | None = None, total: int | None = None) -> None:
-        self.buf = data if data is not None else b""
-        self.stream = stream
-        self.base = 0
-        self.total = len(self.buf) if total is None else total
-
-    def fill(self, pos: int, need: int) -> int:
-        """Make `need` bytes from `pos` available; return the new `pos` (the buffer may have moved). Raises `Stop`
-        when the data ends first."""
-        absolute = self.base + pos
-        if self.stream is None or absolute + need > self.total:
-            raise Stop(f"truncated at byte {absolute}: {need} bytes needed, {self.total - absolute} remain", absolute)
-        keep = self.buf[pos:]
-        want = max(WINDOW, need - len(keep))
-        more = self.stream.read(min(want, self.total - absolute - len(keep)))
-        self.buf = keep + more
-        self.base = absolute
-        if len(self.buf) < need:
-            self.total = self.base + len(self.buf)
-            raise Stop(f"truncated at byte {self.base + len(self.buf)}: the stream ended early", absolute)
-        return 0
-
-    def skip(self, pos: int, n: int) -> int:
-        """Move past `n` bytes without keeping them; return the new `pos`."""
-        if pos + n <= len(self.buf):
-            return pos + n
-        absolute = self.base + pos
-        if self.stream is None or absolute + n > self.total:
-            raise Stop(f"truncated at byte {absolute}", absolute)
-        left = n - (len(self.buf) - pos)
-        while left > 0:
-            got = self.stream.read(min(left, WINDOW))
-            if not got:
-                raise Stop(f"truncated at byte {absolute}: the stream ended early", absolute)
-            left -= len(got)
-        self.buf = b""
-        self.base = absolute + n
-        return 0
-
-    def line(self, pos: int) -> tuple[int, int]:
-        """(pos, index of the next newline at or after pos), refilling as needed."""
-        nl = self.buf.find(b"\n", pos)
-        while nl < 0:
-            if len(self.buf) - pos > MAX_LINE:
-                raise Stop(f"argument line at byte {self.base + pos} longer than {MAX_LINE} bytes",
-                           self.base + pos, limit=True)
-            have = len(self.buf) - pos
-            pos = self.fill(pos, have + 1)
-            nl = self.buf.find(b"\n", pos + have)
-        return pos, nl
 
 
 def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stack: int) -> int:
@@ -228,7 +108,7 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
     t = _T
     names, argk, asize, asigned, acts = t.names, t.argk, t.asize, t.asigned, t.act
     markp, popsp, pushesp = t.mark, t.pops, t.pushes
-    call_ops, modify_ops, blob_ops, persid_ops = _CALL_OPS, _MODIFY_OPS, _BLOB_OPS, _PERSID_OPS
+    kinds, blob_ops = _KINDS, _BLOB_OPS
     ops = walk.ops
     buf = src.buf
     end = len(buf)
@@ -327,31 +207,43 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                     popped = stack[-n:]
                     del stack[-n:]
                     consumed = popped + consumed if consumed else popped
-                direct_ok = False
-                if code in call_ops and consumed:
-                    direct_ok = _call(walk, code, consumed, start)
-                elif code in persid_ops:
-                    consumed = None  # torch's persistent_load reads the id as data (storage type, key, ...)
-                if pushesp[code]:
-                    if direct_ok:
-                        # an inert constructor / allowed class created: the result carries only its arguments
-                        stack.append(_combine(consumed[1:]) if consumed and len(consumed) > 1 else 1)
-                    elif not consumed:
-                        stack.append(0 if code not in persid_ops else 1)
-                    elif code in modify_ops:
-                        # the container stays: its depth is its own or 1 + an added item's, whichever is deeper
-                        container, items = consumed[0], consumed[1:]
-                        v = _combine(items) if items else 0
-                        v = _combine([container, v], extra=0)
-                        stack.append(v)
-                    elif code == 0x62:  # BUILD: the object stays, with its state inside
-                        stack.append(_combine([consumed[0], _combine(consumed[1:])], extra=0))
+                kind = kinds[code]
+                if not pushesp[code]:
+                    pass
+                elif not consumed:
+                    stack.append(1 if kind == _K_PERSID else 0)
+                elif kind == _K_PLAIN or kind == _K_PERSID:
+                    # the hot path (tuples, lists, dicts of plain values): depth = 1 + the deepest part
+                    d = 0
+                    for x in consumed:
+                        c = x.__class__
+                        if c is int:
+                            if x > d:  # type: ignore[operator]
+                                d = x  # type: ignore[assignment]
+                        elif c is _Val:
+                            d = -1
+                            break
+                    if kind == _K_PERSID:
+                        stack.append(1)  # torch's persistent_load reads the id as data (storage type, key, ...)
+                    elif d >= 0:
+                        if d >= MAX_DEPTH:
+                            raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
+                                       limit=True)
+                        stack.append(d + 1)
                     else:
-                        stack.append(_combine(consumed))
-                    top = stack[-1]
-                    if _depth(top) > MAX_DEPTH:
-                        raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
-                                   limit=True)
+                        _push(stack, _combine(consumed), start, names[code])
+                elif kind == _K_CALL:
+                    if _call(walk, code, consumed, start):
+                        # an inert constructor / allowed class created: the result carries only its arguments
+                        _push(stack, _combine(consumed[1:]) if len(consumed) > 1 else 1, start, names[code])
+                    elif code == 0x62:  # BUILD: the object stays, with its state inside
+                        _push(stack, _combine([consumed[0], _combine(consumed[1:])], extra=0), start, names[code])
+                    else:
+                        _push(stack, _combine(consumed), start, names[code])
+                else:  # _K_MODIFY: the container stays; its depth is its own or 1 + an added item's
+                    items = consumed[1:]
+                    _push(stack, _combine([consumed[0], _combine(items) if items else 0], extra=0), start,
+                          names[code])
             elif act == _MEMOIZE or act == _PUT:
                 if len(stack) <= (marks[-1] if marks else 0):
                     raise Stop(f"stack underflow: {names[code]} at byte {start}", start)
@@ -469,6 +361,12 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                 raise Stop(f"more than {max_stack} stack entries (nesting or fan-out)", start, limit=True)
     finally:
         walk.ops = ops
+
+
+def _push(stack: list[object], v: object, start: int, name: str) -> None:
+    if _depth(v) > MAX_DEPTH:
+        raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({name})", start, limit=True)
+    stack.append(v)
 
 
 def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> bool:

@@ -29,11 +29,9 @@ from ckptinspect.pickling.engine import (
     DYNAMIC_GLOBAL as DYNAMIC_GLOBAL,
     MAX_DEPTH as MAX_DEPTH,
     MAX_TRACKED_STR as MAX_TRACKED_STR,
-    GlobalRef as GlobalRef,
-    Source,
-    Stop,
     walk_segment,
 )
+from ckptinspect.pickling.walkstate import GlobalRef as GlobalRef, Source, Stop
 from ckptinspect.pickling.opcodes import HIGHEST_PROTOCOL, VALID_OPCODES, _PROTO_BYTE, _STOP_BYTE
 
 MAX_OPS = 50_000_000  # opcodes per pickle stream (all concatenated pickles together)

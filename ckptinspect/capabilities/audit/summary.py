@@ -54,6 +54,27 @@ class Summary:
         }
 
 
+def _table_bytes(ckpt: Checkpoint, acc: dict[tuple[str, str], int]) -> None:
+    """Bytes per (file, component) from the chunk table's columns: one `bincount`, no object per chunk."""
+    import numpy as np
+
+    from ckptinspect.checks.columns import chunk_tensor_ids
+
+    table = ckpt.table
+    assert table is not None
+    comp_of_tensor = np.array([COMPONENTS.index(component_of(k)) for k in table.keys], dtype=np.int64)
+    rows = np.flatnonzero(table.file_id >= 0)
+    if not len(rows):
+        return
+    cell = table.file_id[rows].astype(np.int64) * len(COMPONENTS) + comp_of_tensor[chunk_tensor_ids(table)[rows]]
+    # int64 sums (a float64 weight sum would round above 2**53 bytes)
+    order = np.argsort(cell, kind="stable")
+    cells, starts = np.unique(cell[order], return_index=True)
+    sums = np.add.reduceat(table.byte_length[rows][order], starts)
+    for c, n in zip(cells.tolist(), sums.tolist()):
+        acc[(table.files[c // len(COMPONENTS)], COMPONENTS[c % len(COMPONENTS)])] += int(n)
+
+
 def summarize(ckpt: Checkpoint) -> Summary:
     by_component = dict.fromkeys(COMPONENTS, 0)
     # (file, component) -> bytes; the component is decided once per tensor, not per chunk
@@ -61,14 +82,20 @@ def summarize(ckpt: Checkpoint) -> Summary:
     chunks = 0
     dtypes: dict[str, dict[str, int]] = {}
     for t in ckpt.tensors:
-        comp = component_of(t.key)
-        chunks += len(t.chunks)
-        per = dtypes.setdefault(comp, {})
+        per = dtypes.setdefault(component_of(t.key), {})
         per[t.dtype] = per.get(t.dtype, 0) + 1
-        for c in t.chunks:
-            st = c.storage
-            if st is not None:
-                acc[(st.file, comp)] += st.length
+    table = ckpt.table
+    if table is not None and len(ckpt.tensors) == table.n_tensors:
+        chunks = table.n_chunks
+        _table_bytes(ckpt, acc)
+    else:
+        for t in ckpt.tensors:
+            comp = component_of(t.key)
+            chunks += len(t.chunks)
+            for c in t.chunks:
+                st = c.storage
+                if st is not None:
+                    acc[(st.file, comp)] += st.length
     for o in ckpt.objects:
         if o.storage is not None:
             acc[(o.storage.file, component_of(o.key))] += o.storage.length

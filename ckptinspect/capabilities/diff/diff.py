@@ -25,6 +25,7 @@ from typing import Any
 from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.errors import ReadError
 from ckptinspect.formats import read_checkpoint
+from ckptinspect.chunk_table import TableChunks
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor
 from ckptinspect.capabilities.diff.values import ChunkSource, ValueComparison, compare_tensor_values, supported
 from ckptinspect.capabilities.diff.args import ArgDiff, categorize, diff_args, diff_meta
@@ -105,6 +106,15 @@ def _layout(t: Tensor) -> dict[str, Any]:
     return {"chunks": len(t.chunks), "grid": grid}
 
 
+def _same_chunks(x: Tensor, y: Tensor) -> bool:
+    """Same chunk geometry; from the chunk tables' columns when both sides have one (no object per chunk)."""
+    if isinstance(x.chunks, TableChunks) and isinstance(y.chunks, TableChunks):
+        gx, gy = x.chunks.geometry(), y.chunks.geometry()
+        if gx is not None and gy is not None:
+            return gx == gy
+    return sorted((c.offsets, c.sizes) for c in x.chunks) == sorted((c.offsets, c.sizes) for c in y.chunks)
+
+
 def diff_tensors(ta: Mapping[str, Tensor], tb: Mapping[str, Tensor]) -> KeyDiff:
     changed: list[Change] = []
     common = sorted(set(ta) & set(tb))
@@ -120,7 +130,7 @@ def diff_tensors(ta: Mapping[str, Tensor], tb: Mapping[str, Tensor]) -> KeyDiff:
         if x.shape != y.shape:
             changed.append(Change(k, What.LAYOUT, list(x.shape), list(y.shape), False,
                                   note="stored shapes differ (N-D reformulated tensor), logical shape is the same"))
-        elif sorted((c.offsets, c.sizes) for c in x.chunks) != sorted((c.offsets, c.sizes) for c in y.chunks):
+        elif _same_chunks(x, y) is False:
             changed.append(Change(k, What.LAYOUT, _layout(x), _layout(y), False))
     return KeyDiff(True, len(common), tuple(sorted(set(ta) - set(tb))), tuple(sorted(set(tb) - set(ta))),
                    tuple(changed))

@@ -1,0 +1,199 @@
+"""Turning the streaming walk's columns into a `ChunkTable`: tensor order, chunk order, storage join — vectorised.
+
+The reference reader looks each chunk's stored item up in a dict keyed by ``(fqn, offsets)``; here the same join is
+a sort: storage keys and chunk keys become fixed-width rows of int64 (key id, offsets...) per number of axes, the
+storage side is de-duplicated keeping the last entry (what assigning into the dict keeps), and `searchsorted`
+finds each chunk's entry. Cost O(n log n) in numpy, no Python object per chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ckptinspect.chunk_table import ChunkTable
+from ckptinspect.pickling.stream_eval import Sink
+from ckptinspect.model import StoredItem, Tensor
+
+# numpy is imported where a table is built, not with the package (sniff / ls / --version stay quick).
+
+
+def _arr(a: Any, dtype: Any) -> Any:
+    import numpy as np
+
+    I64 = np.int64
+    return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype=dtype)
+
+
+def gather_ranges(starts: Any, lens: Any) -> Any:
+    """Indices ``starts[0]..starts[0]+lens[0]-1, starts[1]..`` as one array (no Python loop)."""
+    import numpy as np
+
+    I64 = np.int64
+    lens = np.asarray(lens, dtype=I64)
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=I64)
+    ends = np.cumsum(lens)
+    base = np.repeat(np.asarray(starts, dtype=I64) - (ends - lens), lens)
+    return base + np.arange(total, dtype=I64)
+
+
+def _starts(lens: Any) -> Any:
+    import numpy as np
+
+    I64 = np.int64
+    out = np.zeros(len(lens) + 1, dtype=I64)
+    np.cumsum(lens, out=out[1:])
+    return out
+
+
+def _matrix(kids: Any, nd: int, flat: Any, cstart: Any) -> Any:
+    """Rows (key id, coord_0..coord_{nd-1}) as a contiguous int64 matrix viewed as one void value per row."""
+    import numpy as np
+
+    I64 = np.int64
+    m = np.empty((len(kids), max(nd, 0) + 1), dtype=I64)
+    m[:, 0] = kids
+    for j in range(max(nd, 0)):
+        m[:, j + 1] = flat[cstart + j]
+    return np.ascontiguousarray(m).view(np.dtype((np.void, m.shape[1] * 8))).ravel()
+
+
+def build_table(
+    sink: Sink, tensor_rows: Sequence[tuple[str, int]], object_keys: Sequence[str],
+    orig_shapes: Mapping[str, tuple[int, ...]],
+) -> tuple[ChunkTable, list[StoredItem | None], int]:
+    """(table, each object's stored item, number of storage keys whose fqn has no metadata entry)."""
+    import numpy as np
+
+    I64 = np.int64
+    keys = tuple(k for k, _ in tensor_rows)
+    order = np.fromiter((r for _, r in tensor_rows), dtype=I64, count=len(tensor_rows))
+    # tensors: shapes and dtypes in state_dict_metadata order
+    t_nd = _arr(sink.t_nd, np.int8).astype(I64)
+    t_ss = _starts(t_nd)
+    shapes = _arr(sink.t_shape, I64)[gather_ranges(t_ss[order], t_nd[order])]
+    dtypes = tuple(sink.t_dtype[r] for r in order.tolist())
+    ends = _arr(sink.t_rows_end, I64)
+    begins = np.concatenate(([0], ends[:-1])).astype(I64) if len(ends) else ends
+    lens = (ends - begins)[order]
+    perm = _arr(sink.t_rows, I64)[gather_ranges(begins[order], lens)]
+    # chunks: coordinates in table order
+    c_nd = _arr(sink.c_nd, np.int8).astype(I64)
+    c_cs = _starts(c_nd)
+    nd = c_nd[perm]
+    cidx = gather_ranges(c_cs[perm], nd)
+    offsets = _arr(sink.c_off, I64)[cidx]
+    sizes = _arr(sink.c_size, I64)[cidx]
+    coord_start = _starts(nd)
+    n = len(perm)
+    # key ids: tensors 0..T-1, objects T.., fqns of neither after them
+    kid: dict[str, int] = {k: i for i, k in enumerate(keys)}
+    for k in object_keys:
+        kid.setdefault(k, len(kid))
+    known = len(kid)
+    s_kid_list = [kid.setdefault(s, len(kid)) for s in sink.s_fqn]
+    s_kid = np.array(s_kid_list, dtype=I64)
+    s_nd = _arr(sink.s_nd, np.int8).astype(I64)
+    s_cs = _starts(np.maximum(s_nd, 0))
+    s_flat = _arr(sink.s_off, I64)
+    s_file = _arr(sink.s_file, np.int32)
+    s_pos = _arr(sink.s_pos, I64)
+    s_len = _arr(sink.s_len, I64)
+    c_kid = np.repeat(np.arange(len(keys), dtype=I64), lens)
+    match = np.full(n, -1, dtype=I64)  # chunk row -> storage row
+    obj_match = np.full(len(object_keys), -1, dtype=I64)
+    orphans = 0
+    for d in sorted(set(np.unique(s_nd).tolist()) | set(np.unique(nd).tolist())):
+        srows = np.flatnonzero(s_nd == d)
+        if not len(srows):
+            continue
+        skeys = _matrix(s_kid[srows], d, s_flat, s_cs[srows])
+        # last entry of each key wins (a dict assignment keeps the last value)
+        uniq, first_rev = np.unique(skeys[::-1], return_index=True)
+        last = srows[::-1][first_rev]
+        orphans += int(np.count_nonzero(s_kid[last] >= known))
+        if d < 0:
+            okeys = np.array([kid[k] for k in object_keys], dtype=I64)
+            qkeys = _matrix(okeys, -1, s_flat, np.zeros(len(okeys), dtype=I64))
+            obj_match = _lookup(uniq, last, qkeys)
+            continue
+        crows = np.flatnonzero(nd == d)
+        if len(crows):
+            qkeys = _matrix(c_kid[crows], d, offsets, coord_start[crows])
+            match[crows] = _lookup(uniq, last, qkeys)
+    has = match >= 0
+    file_id = np.where(has, s_file[np.maximum(match, 0)] if len(s_file) else -1, -1).astype(np.int32)
+    byte_offset = np.where(has, s_pos[np.maximum(match, 0)] if len(s_pos) else 0, 0).astype(I64)
+    byte_length = np.where(has, s_len[np.maximum(match, 0)] if len(s_len) else 0, 0).astype(I64)
+    transforms: dict[int, tuple[str, ...]] = {}
+    if sink.s_transforms:
+        for row in np.flatnonzero(np.isin(match, np.fromiter(sink.s_transforms, dtype=I64))).tolist():
+            transforms[row] = sink.s_transforms[int(match[row])]
+    files = tuple(sink.file_ids)
+    objects: list[StoredItem | None] = []
+    for j in obj_match.tolist():
+        objects.append(None if j < 0 else StoredItem(files[int(s_file[j])], int(s_pos[j]), int(s_len[j]),
+                                                     sink.s_transforms.get(j, ())))
+    table = ChunkTable(keys, dtypes, _starts(t_nd[order]), shapes, _starts(lens), coord_start, offsets, sizes,
+                       file_id, byte_offset, byte_length, files, transforms,
+                       {k: v for k, v in orig_shapes.items() if k in kid and kid[k] < len(keys)})
+    return table, objects, orphans
+
+
+def _lookup(uniq: Any, last: Any, q: Any) -> Any:
+    """Storage row of each query key (-1 when absent)."""
+    import numpy as np
+
+    I64 = np.int64
+    if not len(q) or not len(uniq):
+        return np.full(len(q), -1, dtype=I64)
+    pos = np.minimum(np.searchsorted(uniq, q), len(uniq) - 1)
+    return np.where(uniq[pos] == q, last[pos], -1).astype(I64)
+
+
+def table_from_tensors(tensors: Sequence[Tensor], orig_shapes: Mapping[str, tuple[int, ...]]) -> ChunkTable:
+    """A `ChunkTable` of model tensors (what the reference reader built)."""
+    import numpy as np
+
+    I64 = np.int64
+    files: dict[str, int] = {}
+    t_nd: list[int] = []
+    shapes: list[int] = []
+    lens: list[int] = []
+    c_nd: list[int] = []
+    offs: list[int] = []
+    sizes: list[int] = []
+    fid: list[int] = []
+    pos: list[int] = []
+    length: list[int] = []
+    transforms: dict[int, tuple[str, ...]] = {}
+    for t in tensors:
+        t_nd.append(len(t.shape))
+        shapes.extend(t.shape)
+        lens.append(len(t.chunks))
+        for c in t.chunks:
+            if len(c.offsets) != len(c.sizes):
+                raise ValueError("chunk offsets and sizes differ in length")
+            c_nd.append(len(c.offsets))
+            offs.extend(c.offsets)
+            sizes.extend(c.sizes)
+            s = c.storage
+            if s is None:
+                fid.append(-1)
+                pos.append(0)
+                length.append(0)
+            else:
+                fid.append(files.setdefault(s.file, len(files)))
+                pos.append(s.offset)
+                length.append(s.length)
+                if s.transforms:
+                    transforms[len(fid) - 1] = s.transforms
+    return ChunkTable(
+        tuple(t.key for t in tensors), tuple(t.dtype for t in tensors), _starts(np.array(t_nd, dtype=I64)),
+        np.array(shapes, dtype=I64), _starts(np.array(lens, dtype=I64)), _starts(np.array(c_nd, dtype=I64)),
+        np.array(offs, dtype=I64), np.array(sizes, dtype=I64), np.array(fid, dtype=np.int32),
+        np.array(pos, dtype=I64), np.array(length, dtype=I64), tuple(files), transforms,
+        {t.key: t.orig_shape for t in tensors if t.orig_shape is not None},
+    )

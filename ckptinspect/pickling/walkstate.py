@@ -1,0 +1,146 @@
+"""The walker's model of values and input: stack values (`_Val`, plain depth ints), the byte source (`Source`:
+a buffer, or a stream read in windows), the `Stop` signal, and `GlobalRef`. Used by `engine.py` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import IO
+
+from ckptinspect.pickling.allowlist import GlobalClass
+
+MAX_LINE = 1 << 20  # protocol-0 argument lines
+WINDOW = 8 << 20  # stream read size
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalRef:
+    """One global a pickle references: where (byte offset of the opcode) and through which opcode."""
+
+    module: str
+    name: str
+    opcode: str
+    offset: int
+    verdict: GlobalClass
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.name}" if self.module else self.name
+
+
+class _Val:
+    """A tracked non-string stack value: a global, or a value built from globals that may not be called."""
+
+    __slots__ = ("qual", "call_ok", "new_ok", "through", "taint", "ntaint", "depth")
+
+    def __init__(self, qual: str | None, taint: frozenset[str], ntaint: frozenset[str], depth: int,
+                 call_ok: bool = False, new_ok: bool = False, through: int = 0) -> None:
+        self.qual = qual  # set for a global as pushed; None for a derived value
+        self.call_ok = call_ok  # REDUCE / OBJ / INST on it runs no code
+        self.new_ok = new_ok  # NEWOBJ on it runs no code (an allowed class)
+        self.through = through  # 0, or what it does to its arguments: _THROUGH_CALL / _THROUGH_NEW
+        self.taint = taint  # globals inside that may not be called
+        self.ntaint = ntaint  # globals inside that may not even be instantiated (outside the allowlist)
+        self.depth = depth
+
+
+_THROUGH_CALL, _THROUGH_NEW = 2, 1
+
+
+_EMPTY: frozenset[str] = frozenset()
+
+
+def _depth(v: object) -> int:
+    if isinstance(v, int):
+        return v
+    if isinstance(v, _Val):
+        return v.depth
+    return 0
+
+
+def _combine(values: list[object], extra: int = 1) -> object:
+    """The value built from `values`: depth 1 + the deepest, the union of their taints."""
+    depth = 0
+    taint: frozenset[str] = _EMPTY
+    ntaint: frozenset[str] = _EMPTY
+    for v in values:
+        c = v.__class__
+        if c is int:
+            if v > depth:  # type: ignore[operator]
+                depth = v  # type: ignore[assignment]
+        elif c is _Val:
+            if v.depth > depth:  # type: ignore[attr-defined]
+                depth = v.depth  # type: ignore[attr-defined]
+            if v.taint:  # type: ignore[attr-defined]
+                taint = taint | v.taint  # type: ignore[attr-defined]
+                if v.ntaint:  # type: ignore[attr-defined]
+                    ntaint = ntaint | v.ntaint  # type: ignore[attr-defined]
+    depth += extra
+    return _Val(None, taint, ntaint, depth) if taint else depth
+
+
+class Stop(Exception):
+    """The current segment cannot be walked further (malformed, or `limit`: a resource bound was hit)."""
+
+    def __init__(self, message: str, offset: int, limit: bool = False) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.limit = limit
+
+
+class Source:
+    """The bytes being walked: a whole buffer, or a stream of `total` bytes read in windows.
+
+    `buf[pos]` is the byte at absolute offset `base + pos`.
+    """
+
+    def __init__(self, data: bytes | None, stream: IO[bytes] | None = None, total: int | None = None) -> None:
+        self.buf = data if data is not None else b""
+        self.stream = stream
+        self.base = 0
+        self.total = len(self.buf) if total is None else total
+
+    def fill(self, pos: int, need: int) -> int:
+        """Make `need` bytes from `pos` available; return the new `pos` (the buffer may have moved). Raises `Stop`
+        when the data ends first."""
+        absolute = self.base + pos
+        if self.stream is None or absolute + need > self.total:
+            raise Stop(f"truncated at byte {absolute}: {need} bytes needed, {self.total - absolute} remain", absolute)
+        keep = self.buf[pos:]
+        want = max(WINDOW, need - len(keep))
+        more = self.stream.read(min(want, self.total - absolute - len(keep)))
+        self.buf = keep + more
+        self.base = absolute
+        if len(self.buf) < need:
+            self.total = self.base + len(self.buf)
+            raise Stop(f"truncated at byte {self.base + len(self.buf)}: the stream ended early", absolute)
+        return 0
+
+    def skip(self, pos: int, n: int) -> int:
+        """Move past `n` bytes without keeping them; return the new `pos`."""
+        if pos + n <= len(self.buf):
+            return pos + n
+        absolute = self.base + pos
+        if self.stream is None or absolute + n > self.total:
+            raise Stop(f"truncated at byte {absolute}", absolute)
+        left = n - (len(self.buf) - pos)
+        while left > 0:
+            got = self.stream.read(min(left, WINDOW))
+            if not got:
+                raise Stop(f"truncated at byte {absolute}: the stream ended early", absolute)
+            left -= len(got)
+        self.buf = b""
+        self.base = absolute + n
+        return 0
+
+    def line(self, pos: int) -> tuple[int, int]:
+        """(pos, index of the next newline at or after pos), refilling as needed."""
+        nl = self.buf.find(b"\n", pos)
+        while nl < 0:
+            if len(self.buf) - pos > MAX_LINE:
+                raise Stop(f"argument line at byte {self.base + pos} longer than {MAX_LINE} bytes",
+                           self.base + pos, limit=True)
+            have = len(self.buf) - pos
+            pos = self.fill(pos, have + 1)
+            nl = self.buf.find(b"\n", pos + have)
+        return pos, nl
