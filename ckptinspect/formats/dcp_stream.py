@@ -26,7 +26,7 @@ from ckptinspect.pickling.stream_fast import install_fast_paths
 from ckptinspect.formats._stream_table import build_table, table_from_tensors
 from ckptinspect.pickling.stream_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
-from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, DcpMetadata, parse_shard_key, read_dcp_metadata
+from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, MAX_COORD, DcpMetadata, parse_shard_key, read_dcp_metadata
 from ckptinspect.model import ObjectItem
 from ckptinspect.safeio import file_size, open_regular
 
@@ -177,6 +177,11 @@ def _finish(root: Any, w: Walker) -> StreamedMetadata:
                     raise Fallback("mcore_data")
                 mcore_data[k] = tuple(shape)
 
+    if not _coordinates_in_range(sink):
+        # The reference reader refuses them (`dcp_metadata._count`): a negative length, say, is a malformed
+        # `.metadata`, and its verdict must be the reference's, not a table that downstream int64 math trusts.
+        raise Fallback("coordinates outside [0, 2**62]")
+
     tensor_rows: list[tuple[str, int]] = []
     object_keys: list[str] = []
     for key, md in state["state_dict_metadata"].items():
@@ -213,6 +218,19 @@ def _finish(root: Any, w: Walker) -> StreamedMetadata:
         table, tuple(objects), planner_keys, _rank_items(state.get("all_local_plans")), mcore_data,
         str(version) if version is not None else None, cid, root.cls.qual, unknown, orphans, w.report,
     )
+
+
+def _coordinates_in_range(sink: Any) -> bool:
+    """Every chunk offset and size, tensor dimension, storage offset and byte offset/length in [0, MAX_COORD]
+    (storage keys of an object use -1 axes, not coordinates: their offsets row is empty)."""
+    import numpy as np
+
+    for column in (sink.c_off, sink.c_size, sink.t_shape, sink.s_off, sink.s_pos, sink.s_len):
+        if len(column):
+            values = np.frombuffer(column, dtype=np.int64)
+            if int(values.min()) < 0 or int(values.max()) > MAX_COORD:
+                return False
+    return True
 
 
 def _rank_items(plans: Any) -> tuple[int, ...]:
