@@ -9,17 +9,16 @@ file yields nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
-
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
 from ckptinspect.capabilities.manifest.manifest import verify_manifest
 from ckptinspect.model import Checkpoint
+from ckptinspect.storage import location
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     """Yield the manifest verification findings of `ckpt`, attributed to `ckpt.path`."""
-    root = Path(ckpt.path)
+    root = location(ckpt.path)
     if not root.is_dir():
         return
     report = verify_manifest(root, ctx.manifest, workers=ctx.workers, progress=ctx.progress, path_label=ckpt.path,

@@ -10,11 +10,11 @@ optimizer misc — where a hostile payload would hide) are walked, up to `MAX_IT
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
 from ckptinspect.formats.torch_dist import COMMON_STATE_KEY
+from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format
 from ckptinspect.capabilities.scan.scan import scan_stored_items, stored_items
 
@@ -29,4 +29,4 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     else:
         items = [(o.key, o.storage) for o in ckpt.objects if o.storage is not None and o.key != COMMON_STATE_KEY]
         items = items[:MAX_ITEMS]
-    yield from scan_stored_items(Path(ckpt.path), ckpt.path, items).findings
+    yield from scan_stored_items(location(ckpt.path), ckpt.path, items).findings

@@ -19,6 +19,7 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.checks.columns import chunk_tensor_ids
 from ckptinspect.formats._files import ItemFiles
+from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format, StoredItem, dtype_size
 from ckptinspect.safeio import leaves_dir
 
@@ -51,7 +52,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     for i, name in enumerate(names):
         size = sizes.get(name)
         if size is None:
-            size = _size_outside_listing(Path(ckpt.path), name)
+            size = _size_outside_listing(location(ckpt.path), name)
         if size is None:
             first = int(np.argmax(f_arr == i))
             yield Finding("CK201", f"{name}: named by .metadata for {int(counts[i])} item(s) but does not exist",
@@ -163,7 +164,7 @@ def _deep(ckpt: Checkpoint, ctx: CheckContext, sizes: dict[str, int | None]) -> 
 
     total = sum(item.length for _, item, dtype, _ in _items(ckpt) if readable(item, dtype))
     bad = 0
-    with ItemFiles(Path(ckpt.path)) as files:
+    with ItemFiles(location(ckpt.path)) as files:
         for subject, item, dtype, expected in _items_by_position(ckpt):
             if not readable(item, dtype):
                 continue

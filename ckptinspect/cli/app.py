@@ -24,6 +24,7 @@ from ckptinspect.cli.shell import (
     exit_for,
     guarded,
     json_command,
+    location_arg,
     only,
     progress_bar,
     usage_exit,
@@ -47,8 +48,18 @@ def _version(value: bool) -> None:
 def _root(
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                     help="print the version and exit")] = None,
+    storage_option: Annotated[Optional[list[str]], typer.Option(
+        "--storage-option", metavar="KEY=VALUE",
+        help="fsspec option for s3:// gs:// az:// URLs (repeatable; a.b=v nests: client_kwargs.endpoint_url=...)")]
+    = None,
 ) -> None:
     """ckptinspect: is this checkpoint whole, and what will a resume restore?"""
+    from ckptinspect.storage.session import nest, parse_option, reset
+
+    try:
+        reset(nest([parse_option(o) for o in storage_option or ()]))
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--storage-option") from e
 
 
 @app.command()
@@ -73,7 +84,7 @@ def sniff(path: PathArg, output: OutputOpt = Output.TEXT, debug: DebugOpt = Fals
 
 @app.command("ls")
 def ls_cmd(
-    path: Annotated[Path, typer.Argument(help="a save dir")],
+    path: Annotated[Path, location_arg("a save dir (local path or URL)")],
     output: OutputOpt = Output.TEXT,
     fail_on: FailOnOpt = FailOn.ERROR,
     debug: DebugOpt = False,
@@ -220,8 +231,8 @@ def coverage(
 
 @app.command()
 def diff(
-    a: Annotated[Path, typer.Argument(help="checkpoint or save dir A")],
-    b: Annotated[Path, typer.Argument(help="checkpoint or save dir B")],
+    a: Annotated[Path, location_arg("checkpoint or save dir A (local path or URL)")],
+    b: Annotated[Path, location_arg("checkpoint or save dir B (local path or URL)")],
     values: Annotated[bool, typer.Option("--values", help="also compare tensor contents chunk by chunk")] = False,
     output: OutputOpt = Output.TEXT,
     debug: DebugOpt = False,

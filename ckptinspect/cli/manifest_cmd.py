@@ -22,6 +22,7 @@ from ckptinspect.cli.shell import (
     guarded,
     json_command,
     only,
+    parse_location,
     progress_bar,
     usage_exit,
 )
@@ -97,7 +98,9 @@ def manifest_merge(
 @manifest_app.command("write")
 def manifest_write(
     path: PathArg,
-    out: Annotated[Optional[Path], typer.Option("--out", help="where to write (default: CKPT/integrity.json)")]
+    out: Annotated[Optional[Path], typer.Option("--out", parser=parse_location,
+                                                help="where to write: a file or a URL (default: CKPT/integrity.json;"
+                                                     " required for a checkpoint in object storage)")]
     = None,
     recursive: Annotated[bool, typer.Option("--recursive", help="also list files in sub-dirs")] = False,
     workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads")] = None,

@@ -46,7 +46,23 @@ FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="exit 1 on findings
 SelectOpt = Annotated[list[str] | None, typer.Option("--select", help="only findings whose code starts with this")]
 IgnoreOpt = Annotated[list[str] | None, typer.Option("--ignore", help="drop findings whose code starts with this")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks of internal errors")]
-PathArg = Annotated[Path, typer.Argument(help="a save dir or one checkpoint")]
+
+
+def parse_location(text: str) -> Path:
+    """A PATH argument: a local path, or a URL (s3:// gs:// az:// abfs:// msc:// file://) as an object path."""
+    from ckptinspect.storage import location
+
+    try:
+        return location(text)
+    except UsageError as e:
+        raise typer.BadParameter(str(e)) from e
+
+
+def location_arg(help_text: str) -> typer.models.ArgumentInfo:
+    return typer.Argument(help=help_text, parser=parse_location)  # type: ignore[no-any-return]
+
+
+PathArg = Annotated[Path, location_arg("a save dir or one checkpoint (local path or s3:// gs:// az:// msc:// URL)")]
 
 
 def console(stderr: bool = False) -> Console:

@@ -22,6 +22,7 @@ from ckptinspect.formats.sniff import CheckpointSniff, sniff_checkpoint
 from ckptinspect.formats.stacks import enrich, outer_layout
 from ckptinspect.formats.torch_dist import read_torch_dist
 from ckptinspect.model import Checkpoint, Format
+from ckptinspect.storage.findings import storage_findings
 
 Reader = Callable[[Path, str], Checkpoint]
 
@@ -93,6 +94,7 @@ def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     if sniff.format is None:
         return Checkpoint(path=label, format=None, findings=state_findings, extra={"evidence": list(sniff.evidence)})
     ckpt = reader_for(sniff.format)(path, label)
+    state_findings += storage_findings(path, label)
     extra = dict(ckpt.extra)
     extra["evidence"] = list(sniff.evidence)
     extra["sniff_state"] = sniff.state

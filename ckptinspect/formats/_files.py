@@ -11,10 +11,11 @@ from typing import BinaryIO
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.pickling.allowlist import GlobalClass
-from ckptinspect.safeio import open_regular
+from ckptinspect.safeio import file_size, open_regular
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_archive
 from ckptinspect.model import FileInfo, FileRole, StoredItem
+from ckptinspect.storage.objpath import ObjectPath
 
 _ROLES = {
     ".metadata": FileRole.METADATA,
@@ -37,7 +38,10 @@ def role_of(name: str) -> FileRole:
 
 
 def regular_size(path: Path) -> int | None:
-    """Size of `path` if it is a regular file (symlinks followed), else None. Never raises."""
+    """Size of `path` if it is a regular file (symlinks followed), else None. Never raises for a local path."""
+    if isinstance(path, ObjectPath):
+        info = path.object_info()
+        return info.size if info is not None else None
     try:
         st = os.stat(path)
     except (OSError, ValueError):
@@ -47,6 +51,9 @@ def regular_size(path: Path) -> int | None:
 
 def list_files(ckpt_dir: Path, recursive: bool = False) -> tuple[FileInfo, ...]:
     """Regular files of a checkpoint dir (top level unless `recursive`), sorted by name. Never raises."""
+    if isinstance(ckpt_dir, ObjectPath):
+        objects = ckpt_dir.walk_files(recursive)
+        return tuple(sorted((FileInfo(rel, size, role_of(rel)) for rel, size in objects), key=lambda f: f.name))
     out: list[FileInfo] = []
     for rel in _walk(ckpt_dir, "", recursive, 0):
         size = regular_size(ckpt_dir / rel)
@@ -79,8 +86,8 @@ def read_item_archive(ckpt_dir: Path, item: StoredItem) -> TorchArchive:
         raise ReadError(f"stored item uses stream transforms {item.transforms}, not supported", "CK205")
     path = ckpt_dir / item.file
     try:
-        with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
+        with open_regular(path, window=(item.offset, item.length)) as f:
+            size = file_size(f)
             if item.offset < 0 or item.length < 0 or item.end > size:
                 raise ReadError(f"{item.file}: item [{item.offset}, {item.end}) past end of file ({size})", "CK202")
             return read_torch_archive(f, item.offset, item.length)
@@ -117,7 +124,7 @@ class ItemFiles:
             self.close()
             try:
                 self.f = open_regular(self.root / item.file)
-                self.size = os.fstat(self.f.fileno()).st_size
+                self.size = file_size(self.f)
             except OSError as e:
                 raise ReadError(f"cannot read {item.file}: {e.strerror or e}", "CK201") from e
             self.name = item.file

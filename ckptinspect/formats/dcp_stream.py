@@ -12,6 +12,7 @@ construction. `StreamedMetadata.fallback` says why that happened (None when the 
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,7 +28,7 @@ from ckptinspect.pickling.stream_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
 from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, MAX_COORD, DcpMetadata, parse_shard_key, read_dcp_metadata
 from ckptinspect.model import ObjectItem
-from ckptinspect.safeio import open_regular
+from ckptinspect.safeio import file_size, open_regular
 
 # The streaming reader holds no copy of the file: its bound is on what it walks, not what it keeps.
 MAX_STREAM_BYTES = 64 << 30
@@ -106,7 +107,7 @@ def read_dcp_metadata_columns(
 
 
 # What the last sniff read, for the reader that follows it (one entry: the sniff of one checkpoint dir).
-_SHARED: dict[tuple[int, int, int, int], StreamedMetadata] = {}
+_SHARED: dict[tuple[object, int, int, int], StreamedMetadata] = {}
 
 
 def read_metadata_file(path: Path, report: PickleReport | None = None, keep: bool = False) -> StreamedMetadata:
@@ -114,8 +115,13 @@ def read_metadata_file(path: Path, report: PickleReport | None = None, keep: boo
     caller of the same unchanged file (the reader), which takes it. Raises `OSError` / `ReadError`."""
     report = report if report is not None else PickleReport()
     with open_regular(path) as f:
-        st = os.fstat(f.fileno())
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        try:
+            st = os.fstat(f.fileno())
+            key: tuple[object, int, int, int] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            size = st.st_size
+        except io.UnsupportedOperation:  # an object in object storage: its URL and listed size
+            size = file_size(f)
+            key = (str(path), size, 0, 0)
         hit = _SHARED.pop(key, None)
         if hit is not None:
             # the whole verdict, not only the globals: a call outside the inert constructors is what makes it unsafe
@@ -125,8 +131,8 @@ def read_metadata_file(path: Path, report: PickleReport | None = None, keep: boo
             if keep:
                 _SHARED[key] = hit
             return hit
-        if st.st_size > MAX_STREAM_BYTES:
-            raise ReadError(f".metadata of {st.st_size} bytes exceeds the {MAX_STREAM_BYTES} byte bound", "CK603")
+        if size > MAX_STREAM_BYTES:
+            raise ReadError(f".metadata of {size} bytes exceeds the {MAX_STREAM_BYTES} byte bound", "CK603")
         out = read_dcp_metadata_columns(f, report)
     if keep:
         _SHARED.clear()

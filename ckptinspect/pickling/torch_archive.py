@@ -140,4 +140,4 @@ def read_torch_file(path: str | os.PathLike[str]) -> TorchArchive:
         with open_regular(path) as f:
             return read_torch_archive(f)
     except OSError as e:
-        raise ReadError(f"cannot read {os.fspath(path)}: {e.strerror or e}", "CK206") from e
+        raise ReadError(f"cannot read {path}: {e.strerror or e}", "CK206") from e

@@ -23,6 +23,10 @@ def envelope(command: str, body: Mapping[str, Any]) -> dict[str, Any]:
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "ckptinspect", "version": __version__,
                            "command": command}
     doc.update(body)
+    from ckptinspect.storage.session import session
+
+    if session().used:  # a URL was read: what it cost (requests, bytes received, retries)
+        doc["storage"] = session().stats.snapshot().to_dict()
     return doc
 
 

@@ -22,7 +22,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -31,6 +31,7 @@ from ckptinspect.capabilities.manifest.hashing import hash_many, stat_entry
 from ckptinspect.progress import ProgressHook
 from ckptinspect.errors import ReadError, UsageError
 from ckptinspect.findings import CODES, Finding, Status, status_of
+from ckptinspect.storage.objpath import ObjectPath
 from ckptinspect.capabilities.manifest.hashing import ALGORITHM
 from ckptinspect.capabilities.manifest.report import FileResult, ManifestReport, sizes_from_report
 
@@ -76,16 +77,43 @@ def _load_manifest(manifest: Path, label: str) -> tuple[dict[str, Any] | None, s
         return None, None, [_f("CK404", message, where, label, **details)]
 
     try:
-        st = os.stat(manifest)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            return bad(f"integrity manifest {where} is {kind}")
-        if st.st_size > _MAX_MANIFEST_BYTES:
-            return bad(f"integrity manifest {where} is {st.st_size} bytes, over the {_MAX_MANIFEST_BYTES} limit")
-        with open(manifest, "rb") as fh:
-            raw = fh.read(_MAX_MANIFEST_BYTES + 1)
+        if isinstance(manifest, ObjectPath):
+            raw = _read_object(manifest)
+        else:
+            raw = _read_file(manifest)
+    except ValueError as e:
+        return bad(f"integrity manifest {where} {e}")
     except OSError as e:
         return bad(f"integrity manifest {where} is unreadable: {e.strerror or e}", error=type(e).__name__)
+    return _parse_manifest(raw, where, bad)
+
+
+def _read_object(manifest: ObjectPath) -> bytes:
+    info = manifest.object_info()
+    if info is None:
+        raise ValueError("is a directory" if manifest.is_dir() else "does not exist")
+    if info.size > _MAX_MANIFEST_BYTES:
+        raise ValueError(f"is {info.size} bytes, over the {_MAX_MANIFEST_BYTES} limit")
+    with manifest.open_reader() as fh:
+        return fh.read(_MAX_MANIFEST_BYTES + 1)
+
+
+def _read_file(manifest: Path) -> bytes:
+    """The manifest's bytes; ValueError says why it is not a file we read, OSError that it is unreadable."""
+    st = os.stat(manifest)
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ValueError(f"is {kind}")
+    if st.st_size > _MAX_MANIFEST_BYTES:
+        raise ValueError(f"is {st.st_size} bytes, over the {_MAX_MANIFEST_BYTES} limit")
+    with open(manifest, "rb") as fh:
+        return fh.read(_MAX_MANIFEST_BYTES + 1)
+
+
+_Loaded = tuple[dict[str, Any] | None, str | None, list[Finding]]
+
+
+def _parse_manifest(raw: bytes, where: str, bad: Callable[..., _Loaded]) -> _Loaded:
     digest = hashlib.sha256(raw).hexdigest()
     if not raw.strip():
         return bad(f"integrity manifest {where} is empty")
@@ -144,12 +172,23 @@ def _unlisted(ckpt_dir: Path, listed: Mapping[str, str], manifest: Path, label: 
     for entry in entries:
         if entry.name == MANIFEST_NAME or entry.name in names or _same_file(entry, manifest):
             continue
-        if stat_entry(str(entry))[0] is not None:
+        if stat_entry(_member(ckpt_dir, entry.name))[0] is not None:
             out.append(_f("CK403", f"{entry.name} is not listed in the integrity manifest", entry.name, label))
     return out
 
 
+def _member(ckpt_dir: Path, name: str) -> str | ObjectPath:
+    """What `_hashing` opens for manifest key `name`: ``join(dir, name)`` as Megatron does, or the object."""
+    return ckpt_dir / name if isinstance(ckpt_dir, ObjectPath) else os.path.join(ckpt_dir, name)
+
+
+def _lexists(p: Path) -> bool:
+    return p.exists() if isinstance(p, ObjectPath) else os.path.lexists(p)
+
+
 def _same_file(a: Path, b: Path) -> bool:
+    if isinstance(a, ObjectPath) or isinstance(b, ObjectPath):
+        return str(a) == str(b)
     try:
         return os.path.samefile(a, b)
     except OSError:
@@ -157,7 +196,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def manifest_is_stale(ckpt_dir: Path, manifest: Path) -> bool:
-    """True when `manifest` is older than the dir's `metadata.json`, which Megatron writes just before it."""
+    """True when `manifest` is older than the dir's `metadata.json`, which Megatron writes just before it.
+    Not decided for objects (their listing's modification times are not kept): False."""
+    if isinstance(manifest, ObjectPath) or isinstance(ckpt_dir, ObjectPath):
+        return False
     try:
         return os.stat(manifest).st_mtime + _STALE_TOLERANCE_S < os.stat(ckpt_dir / "metadata.json").st_mtime
     except OSError:
@@ -196,7 +238,7 @@ def verify_manifest(
     if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
         raise UsageError(f"shard {shard[0]}/{shard[1]}: need 0 <= K < N")
     mpath = manifest if manifest is not None else ckpt_dir / MANIFEST_NAME
-    if manifest is None and not os.path.lexists(mpath):
+    if manifest is None and not _lexists(mpath):
         info = _f("CK400", f"no integrity manifest ({MANIFEST_NAME}) in {label}", None, label)
         return ManifestReport(Status.COMPLETE, (info,), 0, 0, None, (), shard, None, label)
     files, mdigest, findings = _load_manifest(mpath, label)
@@ -207,9 +249,9 @@ def verify_manifest(
     mine = {n: d for n, d in listed.items() if shard is None or shard_of(n, shard[1]) == shard[0]}
 
     results: dict[str, FileResult] = {}
-    jobs: list[tuple[str, str, int]] = []
+    jobs: list[tuple[str, str | ObjectPath, int]] = []
     for name, expected in mine.items():
-        size, why = stat_entry(os.path.join(ckpt_dir, name))
+        size, why = stat_entry(_member(ckpt_dir, name))
         if size is None:
             findings.append(_f("CK402", f"{name}: {why}", name, label, reason=why))
             results[name] = FileResult(name, expected, None, None, False)
@@ -222,7 +264,7 @@ def verify_manifest(
                                expected_sha256=expected, actual=None, size=size, expected_size=known_sizes[name]))
             results[name] = FileResult(name, expected, None, size, False)
         elif hash_files:
-            jobs.append((name, os.path.join(ckpt_dir, name), size))
+            jobs.append((name, _member(ckpt_dir, name), size))
         else:
             results[name] = FileResult(name, expected, None, size, False)  # not hashed: no claim either way
 
@@ -250,15 +292,20 @@ def verify_manifest(
 # --- writing ---------------------------------------------------------------------------------------------------------
 
 
-def _listing(ckpt_dir: Path, out: Path, recursive: bool) -> list[tuple[str, str]]:
+def _listing(ckpt_dir: Path, out: Path, recursive: bool) -> list[tuple[str, str | ObjectPath]]:
     """(key, path) of the files a manifest lists, in Megatron's order: `sorted(Path(dir).iterdir(), key=str)`."""
     def keep(p: Path) -> bool:
         return p.is_file() and not _same_file(p, out)  # is_file follows symlinks, as Megatron's writer does
 
-    top = [(p.name, str(p)) for p in sorted(ckpt_dir.iterdir(), key=str) if p.name != MANIFEST_NAME and keep(p)]
+    top: list[tuple[str, str | ObjectPath]] = [
+        (p.name, _member(ckpt_dir, p.name)) for p in sorted(ckpt_dir.iterdir(), key=str)
+        if p.name != MANIFEST_NAME and keep(p)]
     if not recursive:
         return top
-    found = list(top)
+    if isinstance(ckpt_dir, ObjectPath):
+        found_objects = [(rel, ckpt_dir / rel) for rel, _ in ckpt_dir.walk_files(True) if "/" in rel]
+        return sorted(top + [(k, p) for k, p in found_objects if keep(p)], key=lambda kp: str(kp[1]))
+    found: list[tuple[str, str | ObjectPath]] = list(top)
     for root, dirs, names in os.walk(ckpt_dir, followlinks=False):  # symlinked dirs are not entered: no loops
         if Path(root) == ckpt_dir:
             continue
@@ -266,7 +313,7 @@ def _listing(ckpt_dir: Path, out: Path, recursive: bool) -> list[tuple[str, str]
             p = Path(root, name)
             if keep(p):
                 found.append((p.relative_to(ckpt_dir).as_posix(), str(p)))
-    return sorted(found, key=lambda kp: kp[1])
+    return sorted(found, key=lambda kp: str(kp[1]))
 
 
 def write_manifest(
@@ -286,6 +333,8 @@ def write_manifest(
     """
     if not ckpt_dir.is_dir():
         raise UsageError(f"{ckpt_dir} is not a directory")
+    if out is None and isinstance(ckpt_dir, ObjectPath):
+        raise UsageError(f"{ckpt_dir}: writing into object storage needs an explicit --out (a URL or a local file)")
     target = out if out is not None else ckpt_dir / MANIFEST_NAME
     listing = _listing(ckpt_dir, target, recursive)
     sizes: dict[str, int] = {}
@@ -300,6 +349,9 @@ def write_manifest(
             raise ReadError(f"cannot hash {key}: {hashed[key].error}", code="CK402")
     entries = {key: str(hashed[key].digest) for key, _ in listing}
     text = json.dumps({"algorithm": ALGORITHM, "files": entries}, indent=2)  # == json.dump(..., f, indent=2)
+    if isinstance(target, ObjectPath):  # one PUT: an object appears whole or not at all
+        target.store.write(target.key, text.encode("utf-8"))
+        return WrittenManifest(str(target), tuple(entries.items()), sum(h.size for h in hashed.values()))
     tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         # 0o666 & ~umask, like Megatron's plain open('w'); O_EXCL so a stale or hostile temp name is never reused.

@@ -42,6 +42,9 @@ from ckptinspect.formats.savedir import join_label
 from ckptinspect.model import ObjectItem, StoredItem, Tensor
 from ckptinspect.safeio import open_regular
 from ckptinspect.capabilities.scan.archives import PickleScan
+from ckptinspect.safeio import Window, file_identity, file_size
+from ckptinspect.safeio import open_regular as open_file
+from ckptinspect.storage.objpath import ObjectPath
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_DEPTH = 8  # directory levels below the scanned path
@@ -75,7 +78,7 @@ class _Scan(ContainerScan):
 
     entries: int = 0
     visited: set[tuple[int, int]] = field(default_factory=set)  # directories walked (symlink loops)
-    located: set[tuple[int, int]] = field(default_factory=set)  # data files scanned through `.metadata` items
+    located: set[tuple[int, int] | str] = field(default_factory=set)  # data files scanned through `.metadata` items
 
     # --- files and directories ---------------------------------------------------------------------------------
 
@@ -153,8 +156,14 @@ class _Scan(ContainerScan):
             if "/" in name or leaves_dir(name):
                 self.data_file(path / name, rel, label, prefix, name, items[name])
 
-    def open_regular(self, p: Path) -> IO[bytes] | None:
-        """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one."""
+    def open_regular(self, p: Path, window: Window | None = None) -> IO[bytes] | None:
+        """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one.
+        An object (object storage) opens as a ranged reader of the `window` ranges."""
+        if isinstance(p, ObjectPath):
+            try:
+                return open_file(p, window=window)
+            except OSError:
+                return None
         try:
             return open_regular(p)
         except OSError:
@@ -167,7 +176,7 @@ class _Scan(ContainerScan):
         if f is None:
             return None
         with f:
-            size = os.fstat(f.fileno()).st_size
+            size = file_size(f)
             where = Where(label, subject, _join_rel(rel, p.name), 0, size, code)
             if size > MAX_PICKLE_BYTES:
                 self.bound(where, f"pickle of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
@@ -188,7 +197,7 @@ class _Scan(ContainerScan):
         if f is None:
             return
         with f:
-            size = os.fstat(f.fileno()).st_size
+            size = file_size(f)
             where = Where(label, subject, _join_rel(rel, p.name), 0, size, "CK206")
             try:
                 self.container(f, where)
@@ -199,14 +208,14 @@ class _Scan(ContainerScan):
                   items: list[tuple[str, StoredItem]], gaps: bool = True) -> None:
         """A `.distcp`: every stored item `.metadata` places in it, then (`gaps`) the bytes no item covers."""
         file_rel = _join_rel(rel, name)
-        f = self.open_regular(p)
+        f = self.open_regular(p, None if gaps else [(it.offset, it.length) for _, it in items])
         if f is not None:
-            st = os.fstat(f.fileno())
-            if not items and (st.st_dev, st.st_ino) in self.located:
+            ident = file_identity(f)
+            if not items and ident in self.located:
                 f.close()  # already scanned through the items a `.metadata` places in it
                 return
             if items:
-                self.located.add((st.st_dev, st.st_ino))
+                self.located.add(ident)
         if f is None:
             if items:
                 where = Where(label, prefix + name, file_rel, 0, 0, "CK201")
@@ -214,7 +223,7 @@ class _Scan(ContainerScan):
                                     "regular file: its items were not scanned", "CK201")
             return
         with f:
-            size = os.fstat(f.fileno()).st_size
+            size = file_size(f)
             covered: list[tuple[int, int]] = []
             for key, item in sorted(items, key=lambda x: (x[1].offset, x[0])):
                 where = Where(label, key, file_rel, item.offset, item.length, "CK205", in_file=True)

@@ -1,0 +1,209 @@
+"""Object storage: what `audit` transfers from a real S3 API server, vs the metadata objects and vs the peers;
+`manifest verify` throughput from the server vs a serial single-stream verifier.
+
+A moto server (in this process, on 127.0.0.1) holds the checkpoint; every request of every client goes through a
+counting HTTP proxy, so bytes and requests are measured the same way for ckptinspect and for the peers:
+
+* ckptinspect `audit s3://...` (a fresh subprocess, metadata level) — and its verdict must equal the local audit's;
+* torch's `FsspecReader(url).read_metadata()` (s3fs) — `.metadata` only, no verdict;
+* Megatron-Core's MSC path: `msc.torch.MultiStorageFileSystemReader(url).read_metadata()` (what
+  `dist_checkpointing` uses for `msc://`), plus `metadata.json` and `common.pt` read with MSC (what Megatron reads
+  before the tensors) — the inputs of a verdict, not one.
+
+The data objects: moto keeps objects in memory and hashes every byte, so a checkpoint of TBs of (sparse) tensor
+data cannot be uploaded. Each `.distcp` is uploaded as its first bytes up to the end of its last byte item (the
+generator writes byte items first), and its listed size is set to the real file's size inside moto. A metadata-level
+audit reads nothing past the byte items: the verdict comparison with the local audit proves it.
+
+    python tools/make_synthetic_ckpt.py /tmp/ck200k --chunks 200000
+    python benchmarks/bench_object_storage.py /tmp/ck200k [--verify-mb 512] [--files 8]
+
+Targets: audit bytes ≤ 1.05 × (.metadata + metadata.json + common.pt), requests ≤ 10 + number of metadata objects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from s3_server import FaultProxy, msc_config  # noqa: E402
+
+BUCKET = "bench"
+META = (".metadata", "metadata.json", "common.pt")
+
+
+class Counter:
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.proxy = proxy
+
+    def __enter__(self) -> Counter:
+        self.r0, self.b0 = self.proxy.requests, self.proxy.bytes_out
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.t0
+        self.requests = self.proxy.requests - self.r0
+        self.bytes = self.proxy.bytes_out - self.b0
+
+
+def upload_checkpoint(client: object, ckpt: Path, prefix: str) -> None:
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    from ckptinspect.formats import read_checkpoint
+
+    c = read_checkpoint(ckpt, str(ckpt))
+    head: dict[str, int] = {}
+    for o in c.objects:
+        if o.storage is not None:
+            head[o.storage.file] = max(head.get(o.storage.file, 0), o.storage.end)
+    bucket = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].buckets[BUCKET]
+    for p in sorted(ckpt.iterdir()):
+        key = f"{prefix}/{p.name}"
+        if p.name.endswith(".distcp"):
+            with open(p, "rb") as f:
+                client.put_object(Bucket=BUCKET, Key=key, Body=f.read(head.get(p.name, 0)))  # type: ignore[attr-defined]
+            bucket.keys[key].contentsize = p.stat().st_size  # the listing shows the real size
+        else:
+            client.upload_file(str(p), BUCKET, key)  # type: ignore[attr-defined]
+
+
+def verdict(doc: dict) -> tuple[str, list[str]]:
+    return doc["status"], sorted({f["code"] for f in doc["findings"]})
+
+
+def bench_audit(ckpt: Path, proxy: FaultProxy, client: object, peers_only: bool = False) -> None:
+    prefix = "ckpt/" + ckpt.name
+    t = time.perf_counter()
+    if peers_only:  # the peers read the metadata objects only
+        for n in META:
+            client.upload_file(str(ckpt / n), BUCKET, f"{prefix}/{n}")  # type: ignore[attr-defined]
+    else:
+        upload_checkpoint(client, ckpt, prefix)
+    print(f"uploaded in {time.perf_counter() - t:.1f} s")
+    meta = {n: (ckpt / n).stat().st_size for n in META if (ckpt / n).exists()}
+    meta_bytes = sum(meta.values())
+    nfiles = len(list(ckpt.iterdir()))
+    print(f"checkpoint: {nfiles} objects; metadata objects {meta} = {meta_bytes} bytes")
+    env = dict(os.environ)
+    if peers_only:
+        _peers(prefix, proxy)
+        return
+    local = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", str(ckpt), "-o", "json"], env=env,
+                           capture_output=True, text=True)
+    with Counter(proxy) as c:
+        r = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", f"s3://{BUCKET}/{prefix}", "-o", "json"],
+                           env=env, capture_output=True, text=True)
+    doc, ldoc = json.loads(r.stdout), json.loads(local.stdout)
+    same = verdict(doc) == verdict(ldoc) and r.returncode == local.returncode
+    print(f"ckptinspect audit s3://: {c.requests} requests, {c.bytes} bytes, {c.seconds:.1f} s; "
+          f"verdict {verdict(doc)} {'==' if same else '!='} local {verdict(ldoc)}")
+    print(f"  its own count: {doc['storage']}")
+    print(f"  bytes / metadata objects = {c.bytes / meta_bytes:.3f} (target <= 1.05); "
+          f"requests {c.requests} vs 10 + {len(meta)} = {10 + len(meta)}")
+    _peers(prefix, proxy)
+
+
+def _peers(prefix: str, proxy: FaultProxy) -> None:
+    import fsspec  # noqa: F401 - torch's FsspecReader needs it
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    with Counter(proxy) as c:
+        FsspecReader(f"s3://{BUCKET}/{prefix}").read_metadata()
+    print(f"torch FsspecReader.read_metadata: {c.requests} requests, {c.bytes} bytes, {c.seconds:.1f} s "
+          f"(.metadata only, no verdict)")
+    import multistorageclient as msc
+    from multistorageclient.contrib.torch.filesystem import MultiStorageFileSystemReader
+
+    with Counter(proxy) as c:
+        MultiStorageFileSystemReader(f"msc://{BUCKET}/{prefix}", thread_count=2).read_metadata()
+        for n in ("metadata.json", "common.pt"):
+            with msc.open(f"msc://{BUCKET}/{prefix}/{n}", "rb") as f:
+                f.read()
+    print(f"Megatron MSC path (MultiStorageFileSystemReader.read_metadata + metadata.json + common.pt): "
+          f"{c.requests} requests, {c.bytes} bytes, {c.seconds:.1f} s (inputs of a verdict, not one)")
+
+
+def bench_verify(proxy: FaultProxy, client: object, mb: int, files: int, tmp: Path) -> None:
+    d = tmp / "verify"
+    d.mkdir()
+    per = mb * 1024 * 1024 // files
+    for i in range(files):
+        (d / f"__{i}_0.distcp").write_bytes(os.urandom(per))
+    from ckptinspect.capabilities.manifest.manifest import write_manifest
+
+    write_manifest(d)
+    for p in d.iterdir():
+        client.upload_file(str(p), BUCKET, f"verify/{p.name}")  # type: ignore[attr-defined]
+    with Counter(proxy) as c:
+        r = subprocess.run([sys.executable, "-m", "ckptinspect", "manifest", "verify", f"s3://{BUCKET}/verify",
+                            "-o", "json"], capture_output=True, text=True)
+    ok = json.loads(r.stdout)["status"]
+    ours = c.seconds
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=proxy.endpoint)
+    listed = json.loads((d / "integrity.json").read_text())["files"]
+    t = time.perf_counter()
+    good = True
+    for name, digest in listed.items():  # serial, one stream: Megatron's verifier over a mounted bucket
+        body = s3.get_object(Bucket=BUCKET, Key=f"verify/{name}")["Body"]
+        h = hashlib.sha256()
+        while chunk := body.read(1 << 20):
+            h.update(chunk)
+        good &= h.hexdigest() == digest
+    serial = time.perf_counter() - t
+    print(f"manifest verify s3:// ({mb} MiB in {files} objects): ckptinspect {ours:.2f} s ({mb / ours:.0f} MiB/s, "
+          f"status {ok}) vs serial single-stream {serial:.2f} s ({mb / serial:.0f} MiB/s, ok={good}): "
+          f"{serial / ours:.2f}x  [process start included in ckptinspect's time]")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ckpt", type=Path, help="a torch_dist checkpoint dir (tools/make_synthetic_ckpt.py)")
+    ap.add_argument("--verify-mb", type=int, default=512)
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--peers-only", action="store_true", help="skip ckptinspect's audit (the slow part under load)")
+    args = ap.parse_args()
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    print(f"load average {os.getloadavg()}")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    proxy = FaultProxy(endpoint)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "msc.yaml"
+        cfg.write_text(msc_config(proxy.endpoint).replace("ckpts", BUCKET))
+        os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                          AWS_ENDPOINT_URL=proxy.endpoint, MSC_CONFIG=str(cfg))
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        bench_audit(args.ckpt, proxy, client, args.peers_only)
+        if args.verify_mb:
+            bench_verify(proxy, client, args.verify_mb, args.files, Path(tmp))
+    proxy.close()
+    server.stop()
+    _ = threading.active_count()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The interface every object-storage backend implements, the values it returns, and the errors it raises.
+
+A backend is called by `session.Store` only, always through `retry.call`, in this order:
+
+1. `list_dir(key)`: the objects and sub-prefixes directly under ``key/`` (one delimiter listing, all pages);
+2. `head(key)`: one object's size and ETag, or None when it does not exist (only for a path nobody listed);
+3. `read(key, start, end, etag)`: the bytes [start, end) of one object; with `etag`, a backend that can make the
+   read conditional raises `ObjectChanged` when the object is no longer the one listed;
+4. `write(key, data)`: only `manifest write --out URL` writes, and only when asked;
+5. `classify(exc)`: what an exception of the underlying client means (retry it, or which error it is).
+
+Storage errors derive from `OSError`, so the readers turn a failed read into the same findings as a failed local
+read (``.metadata unreadable: ...``), and `StorageUnavailable` (a `UsageError`, exit 2) is raised when the location
+itself cannot be reached or authenticated.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ckptinspect.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object as a listing or a HEAD saw it.
+
+    name: the last segment of the key.
+    size: bytes.
+    etag: the ETag (S3, Azure) or generation (GCS) as the server returned it; None when the backend has none.
+    """
+
+    name: str
+    size: int
+    etag: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What is directly under one prefix: objects by name, sub-prefix names."""
+
+    files: dict[str, ObjectInfo] = field(default_factory=dict)
+    dirs: frozenset[str] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        return not self.files and not self.dirs
+
+
+class Fault(enum.Enum):
+    """What an exception from a backend client means."""
+
+    TRANSIENT = "transient"  # throttling, 5xx, timeouts, dropped connections: retried with backoff
+    MISSING = "missing"  # 404 / no such key or bucket
+    DENIED = "denied"  # 401 / 403 / no credentials
+    CHANGED = "changed"  # 412: the conditional read saw another ETag
+    UNREACHABLE = "unreachable"  # DNS failure, connection refused, bad endpoint
+    OTHER = "other"
+
+
+class StorageError(OSError):
+    """A storage operation failed for good (after retries when the fault was transient)."""
+
+    fault = Fault.OTHER
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(_ERRNO[self.fault], message)
+        self.key = key
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class ObjectMissing(StorageError):
+    fault = Fault.MISSING
+
+
+class AccessDenied(StorageError):
+    fault = Fault.DENIED
+
+
+class ObjectChanged(StorageError):
+    fault = Fault.CHANGED
+
+
+class Unreachable(StorageError):
+    fault = Fault.UNREACHABLE
+
+
+class RetriesExhausted(StorageError):
+    fault = Fault.TRANSIENT
+
+
+class ObjectTruncated(StorageError):
+    """The server sent fewer bytes than the listing's size promised."""
+
+
+_ERRNO = {Fault.MISSING: errno.ENOENT, Fault.DENIED: errno.EACCES, Fault.CHANGED: errno.ESTALE,
+          Fault.UNREACHABLE: errno.EHOSTUNREACH, Fault.TRANSIENT: errno.ETIMEDOUT, Fault.OTHER: errno.EIO}
+
+ERRORS: dict[Fault, type[StorageError]] = {Fault.MISSING: ObjectMissing, Fault.DENIED: AccessDenied,
+                                           Fault.CHANGED: ObjectChanged, Fault.UNREACHABLE: Unreachable,
+                                           Fault.TRANSIENT: RetriesExhausted, Fault.OTHER: StorageError}
+
+
+class StorageUnavailable(UsageError):
+    """The location cannot be reached or authenticated at all (exit 2): wrong endpoint, no credentials, 403 on
+    the first listing, no such bucket."""
+
+
+class Backend(Protocol):
+    """One bucket / container / MSC profile. Keys are relative to it, '/'-separated, no leading slash."""
+
+    def list_dir(self, key: str) -> Listing: ...
+
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    def read(self, key: str, start: int, end: int, etag: str | None) -> bytes: ...
+
+    def write(self, key: str, data: bytes) -> None: ...
+
+    def classify(self, exc: BaseException) -> Fault: ...

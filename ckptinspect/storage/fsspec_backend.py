@@ -1,0 +1,112 @@
+"""Backend over fsspec: s3fs (``s3://``), gcsfs (``gs://``), adlfs (``az://``, ``abfs://``).
+
+Credentials and endpoints come the way each library finds them (AWS env vars, profiles and ``AWS_ENDPOINT_URL``;
+Google application-default credentials; ``AZURE_STORAGE_*``), plus ``--storage-option KEY=VALUE`` passed to the
+filesystem constructor. The library's own retries are turned off where it has a switch (s3fs ``retries``, botocore
+``max_attempts``) so that `retry.call` alone retries, and counts what it retried.
+
+S3 reads are conditional (``If-Match`` the listed ETag, through s3fs's ranged fetch), so an object replaced after
+the listing is seen as `ObjectChanged`. gcsfs and adlfs read through ``cat_file``, which has no precondition: for
+them a replaced object is only noticed if its size changed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from ckptinspect.storage.backend import Fault, Listing, ObjectInfo
+from ckptinspect.storage.faults import classify
+from ckptinspect.storage.url import Scheme
+
+_PROTOCOL = {Scheme.S3: "s3", Scheme.GS: "gcs", Scheme.GCS: "gcs", Scheme.AZ: "az", Scheme.ABFS: "abfs",
+             Scheme.ABFSS: "abfs"}
+
+
+def _etag(entry: Mapping[str, Any]) -> str | None:
+    for k in ("ETag", "etag", "generation"):
+        v = entry.get(k)
+        if v not in (None, ""):
+            return str(v)
+    return None
+
+
+def _merge(into: dict[str, Any], options: Mapping[str, Any]) -> None:
+    """Deep-merge `options` into `into`: ``config_kwargs.read_timeout=5`` keeps the other ``config_kwargs``."""
+    for k, v in options.items():
+        cur = into.get(k)
+        if isinstance(cur, dict) and isinstance(v, Mapping):
+            merged = dict(cur)
+            _merge(merged, v)
+            into[k] = merged
+        else:
+            into[k] = v
+
+
+class FsspecBackend:
+    """One bucket (s3, gs) or container (az, abfs) through an fsspec filesystem."""
+
+    def __init__(self, scheme: Scheme, authority: str, options: Mapping[str, Any]) -> None:
+        fsspec: Any = importlib.import_module("fsspec")
+        self.scheme = scheme
+        self.root = authority
+        kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+        if scheme is Scheme.S3:
+            config = {"retries": {"total_max_attempts": 1, "mode": "standard"},  # botocore: one attempt
+                      "connect_timeout": 10, "read_timeout": 60}
+            kwargs.update(config_kwargs=config)
+        _merge(kwargs, options)
+        self.fs: Any = fsspec.filesystem(_PROTOCOL[scheme], **kwargs)
+        if scheme is Scheme.S3:
+            self.fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt, `retry.call` retries
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if key else self.root
+
+    def list_dir(self, key: str) -> Listing:
+        path = self._path(key)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return Listing()
+        files: dict[str, ObjectInfo] = {}
+        dirs: set[str] = set()
+        for e in entries:
+            name = str(e.get("name", "")).rstrip("/")
+            if name == path.rstrip("/"):
+                continue  # `ls` of an object's own key lists the object: not a dir
+            base = name.rsplit("/", 1)[-1]
+            if not base:
+                continue
+            if e.get("type") == "directory":
+                dirs.add(base)
+            else:
+                files[base] = ObjectInfo(base, int(e.get("size") or 0), _etag(e))
+        return Listing(files, frozenset(dirs))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            e = self.fs.info(self._path(key))
+        except FileNotFoundError:
+            return None
+        if e.get("type") == "directory":
+            return None
+        return ObjectInfo(key.rsplit("/", 1)[-1], int(e.get("size") or 0), _etag(e))
+
+    def read(self, key: str, start: int, end: int, etag: str | None) -> bytes:
+        if end <= start:
+            return b""
+        if self.scheme is Scheme.S3 and etag is not None:
+            # If-Match: a replaced object answers 412, not the new object's bytes (s3fs's own ranged fetch).
+            fetch: Any = importlib.import_module("s3fs.core")._fetch_range
+            data = fetch(self.fs, self.root, key, None, start, end, req_kw={"IfMatch": etag})
+        else:
+            data = self.fs.cat_file(self._path(key), start=start, end=end)
+        return bytes(data)
+
+    def write(self, key: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(key), data)
+
+    def classify(self, exc: BaseException) -> Fault:
+        return classify(exc)
