@@ -142,9 +142,9 @@ def _nemo2(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout) -> Che
         else:
             # context/model.yaml is the model config (TransformerConfig names = Megatron arg names)
             args = args_from_run_config({"model": cfg})
-            topology, _ = topology_from(args, None)
-            changes.update(args=args, topology=replace(topology, world_size=topology.world_size
-                                                       or ckpt.topology.world_size))
+            # the payload's on-disk witnesses (plans, rng grid) still count: they give the world size, hence DP
+            topology, _ = topology_from(args, None, ckpt.layout)
+            changes.update(args=args, topology=topology)
     out = _with(ckpt, Stack.NEMO2, layout.evidence, findings, **changes)
     if "args" in changes:
         out = replace(out, extra={**out.extra, "args_source": "context/model.yaml"})
@@ -176,10 +176,12 @@ def _bridge(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout) -> Ch
     if config is not None:
         if args is None:
             args = args_from_run_config(config)
-            topology, layout_w = topology_from(args, None)
-            old = ckpt.topology
-            topology = replace(topology, world_size=topology.world_size or old.world_size,
-                               sources={**old.sources, **{k: RUN_CONFIG for k in topology.sources}})
+            # run_config.yaml's model and parallelism, with the payload's on-disk witnesses (plans, rng grid) for
+            # what it does not say: the world size, hence DP
+            topology, layout_w = topology_from(args, None, ckpt.layout)
+            topology = replace(topology, sources={**ckpt.topology.sources,
+                                                  **{k: RUN_CONFIG if v == "args" else v
+                                                     for k, v in topology.sources.items()}})
             extra_changes.update(args=args, topology=topology)
         tok = config.get("tokenizer")
         save_tok = (config.get("checkpoint") or {}).get("save_tokenizer_assets") if isinstance(
