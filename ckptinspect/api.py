@@ -39,7 +39,13 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _path(path: PathLike) -> tuple[Path, str]:
-    p = Path(os.fspath(path))
+    """A local path, or a URL (s3:// gs:// az:// abfs:// msc:// file://) as an object path, as the CLI takes them.
+    A `Path` given as such (an object path included) is kept: `os.fspath` of an object path refuses on purpose."""
+    if isinstance(path, Path):
+        return path, str(path)
+    from ckptinspect.storage import location
+
+    p = location(os.fspath(path))
     return p, str(p)
 
 
