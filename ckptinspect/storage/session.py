@@ -50,6 +50,9 @@ class Store:
         self._heads: dict[str, ObjectInfo | None] = {}
         self._small: dict[str, tuple[str | None, bytes]] = {}
         self._small_bytes = 0
+        # reads that failed for good (after the retries): a second reader of the same bytes (sniff, then the
+        # reader) gets the same error at once instead of hammering a failing object again
+        self._failed: dict[tuple[str, int, int, str | None], StorageError] = {}
 
     def url(self, key: str) -> str:
         return f"{self.scheme.value}://{self.authority}/{key}" if key else f"{self.scheme.value}://{self.authority}"
@@ -124,6 +127,9 @@ class Store:
                 hit = self._small.get(key)
             if hit is not None and hit[0] == info.etag:
                 return hit[1]
+        failed = self._failed.get((key, start, end, info.etag))
+        if failed is not None:
+            raise failed
         stats = self._session.stats
         try:
             data = retry.call(self.backend, stats, "get", f"{key} [{start}, {end})",
@@ -134,6 +140,8 @@ class Store:
                                       f"{end - start} expected (listed size {info.size})", key)
         except StorageError as e:
             self._session.record(self._event(e, key, info))
+            with self._lock:
+                self._failed[(key, start, end, info.etag)] = e
             raise
         if whole:  # metadata.json, the tracker, common.pt: sniff and reader both read them
             with self._lock:
