@@ -48,7 +48,11 @@ def audit(target: str, flags: tuple[str, ...]) -> tuple[int, dict[str, Any], str
 
 def verdict(doc: dict[str, Any], root: str) -> tuple[str, list[tuple[str, str | None]]]:
     """Status and (code, subject) pairs, with the audited root replaced so local and remote paths compare."""
-    return doc["status"], sorted({(f["code"], f["subject"]) for f in doc["findings"]},
+    def rel(subject: str | None) -> str | None:
+        # a subject that is a path under the audited root (an integrity manifest, say) names the same object
+        return "<root>" + subject[len(root):] if subject is not None and subject.startswith(root) else subject
+
+    return doc["status"], sorted({(f["code"], rel(f["subject"])) for f in doc["findings"]},
                                  key=lambda cs: (cs[0], str(cs[1])))
 
 
