@@ -17,6 +17,7 @@ would not reproduce), so small files are read entirely by the loop.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from ckptinspect.pickling.stream_eval import (
@@ -36,40 +37,19 @@ from ckptinspect.pickling.stream_patterns import (
     _STORAGE_WANT,
     CHUNK,
     CHUNK_REC,
+    CHUNK_RUN,
     PLAN,
     PLAN_REC,
+    PLAN_RUN,
     STORAGE,
     STORAGE_REC,
+    STORAGE_RUN,
     WRITE_ITEM,
     _Pattern,
 )
 
 if TYPE_CHECKING:
     from ckptinspect.pickling.stream_walk import Walker
-
-
-def _ints(b: bytes) -> list[int]:
-    """The ints of a matched `_TUP` / `_INT` (the opcodes are known to be well formed)."""
-    out = []
-    i, n = 0, len(b)
-    while i < n:
-        c = b[i]
-        if c == 0x4B:
-            out.append(b[i + 1])
-            i += 2
-        elif c == 0x4D:
-            out.append(b[i + 1] | b[i + 2] << 8)
-            i += 3
-        elif c == 0x4A:
-            out.append(int.from_bytes(b[i + 1:i + 5], "little", signed=True))
-            i += 5
-        elif c == 0x8A:
-            k = b[i + 1]
-            out.append(int.from_bytes(b[i + 2:i + 2 + k], "little", signed=True))
-            i += 2 + k
-        else:  # MARK / TUPLEn of the tuple
-            i += 1
-    return out
 
 
 class _Ctx:
@@ -79,7 +59,10 @@ class _Ctx:
     def __init__(self, w: Walker) -> None:
         self.w = w
         self.values: dict[bytes, Any] = {}
-        self.verdicts: dict[tuple[Any, ...], bool] = {}
+        self.good: dict[tuple[int, int], set[bytes]] = {}
+        # per pattern: the GETs its specialised run pattern lists, and that pattern with its columns
+        self.literals: dict[int, dict[int, set[bytes]]] = {}
+        self.special: dict[int, tuple[re.Pattern[bytes], dict[int, int]]] = {}
         self.version = w.memo.version
 
     def value(self, raw: bytes) -> Any:
@@ -91,26 +74,76 @@ class _Ctx:
                 self.values[raw] = v
         return v
 
-    def check(self, g: tuple[Any, ...], pat: _Pattern, lim: int, want: dict[str, Any]) -> bool:
-        """Every GET names a slot filled before the record; the named ones hold what the loop needs there:
-        a `Global` of that name (str want starting with 'torch.'), that very string, or that builder."""
+    def sync(self) -> None:
         if self.version != self.w.memo.version:  # a memo slot was overwritten (PUT): forget what was seen
             self.values.clear()
-            self.verdicts.clear()
+            self.good.clear()
+            self.literals.clear()
+            self.special.clear()
             self.version = self.w.memo.version
-        getter, names, rest = pat.getters(want)
-        named = getter(g)
-        ok = self.verdicts.get(named)
-        if ok is None:
-            ok = self._verify(named, names, lim)
-            if len(self.verdicts) < 4096:
-                self.verdicts[named] = ok
-        if not ok:
+
+    def learn(self, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str, Any], buf: bytes, pos: int) -> bool:
+        """Specialise `pat` to the record at `pos` (see `_Pattern.specialize`): its GETs that are not `vary` must
+        hold what the loop needs (as `gets_ok` checks them) and name slots filled before it. False when there is
+        no such record here (the loop reads on)."""
+        from ckptinspect.pickling import stream_batch as B
+
+        m = rec.match(buf, pos)
+        if m is None:
             return False
-        for raw in rest(g):
-            if raw is not None and len(raw) == 5 and int.from_bytes(raw[1:], "little") >= lim:
+        g = m.groups()
+        n0 = self.w.memo.n
+        lits = self.literals.setdefault(id(pat), {i: set() for i in pat.gets if i not in pat.vary})
+        new = []
+        for i, name in pat.gets_named():
+            raw = g[i]
+            if i not in lits or raw is None or raw in lits[i]:
+                continue
+            expect = want.get(name, _MISS)
+            if B.slot(raw) >= n0 or (expect is not _MISS and not self._verify((raw,), [expect], n0)):
                 return False
+            new.append((i, raw))
+        if new and sum(map(len, lits.values())) + len(new) <= MAX_LITERALS:
+            for i, raw in new:
+                lits[i].add(raw)
+            self.special[id(pat)] = pat.specialize(lits)
         return True
+
+    def gets_ok(self, cols: list[Any], at: dict[int, int], pat: _Pattern, want: dict[str, Any], base: Any,
+                n0: int) -> Any:
+        """Per record: every GET names a slot filled before the record (`base`: its first memo slot); the named
+        ones a slot filled before the run (`n0`) that holds what the loop needs there: a `Global` of that name
+        (str want starting with 'torch.'), that very string, or that builder. The GETs already seen to pass are
+        kept per column (`good`: a record repeats the same few), so a run costs a set difference per
+        column, not a step per record."""
+        import numpy as np
+
+        from ckptinspect.pickling import stream_batch as B
+
+        ok = np.ones(len(base), dtype=bool)
+        for i, name in pat.gets_named():
+            if i not in at:  # a literal of the specialised pattern
+                continue
+            col = cols[at[i]]
+            expect = want.get(name, _MISS)
+            if expect is _MISS:
+                idx = B.get_slots(col)
+                if idx.max(initial=-1) >= n0:  # a slot filled inside the run: by an earlier record?
+                    ok &= idx < base
+                continue
+            new = set(col)
+            new.discard(b"")
+            good = self.good.setdefault((id(pat), i), set())
+            new -= good
+            bad = set()
+            for raw in new:
+                if B.slot(raw) < n0 and self._verify((raw,), [expect], n0):
+                    good.add(raw)
+                else:
+                    bad.add(raw)
+            if bad:
+                ok &= ~B.rows_with(col, bad)
+        return ok
 
     def _verify(self, named: tuple[Any, ...], expects: list[Any], lim: int) -> bool:
         for raw, expect in zip(named, expects):
@@ -138,12 +171,14 @@ class _Ctx:
 
 _MISS = object()
 
-def install_fast_paths(w: Walker) -> None:
+def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
+    """Fast paths from memo slot `start` on (below `LOW_MEMO` only for tests: a skipped slot there holds no value,
+    so a later GET of it sends the file to the reference)."""
     ctx = _Ctx(w)
 
     def fast(buf: bytes, pos: int, w: Walker = w) -> int:
         """At a GET: when it names the class of a repeated record and EMPTY_TUPLE NEWOBJ follow, read the run."""
-        if w.memo.n < LOW_MEMO:
+        if w.memo.n < start:
             return -1
         k = 2 if buf[pos] == 0x68 else 5
         if pos + k >= len(buf) or buf[pos + k] != 0x29:
@@ -167,143 +202,217 @@ def install_fast_paths(w: Walker) -> None:
     w.fast[0x6A] = fast
 
 
-def _after_frames(buf: bytes, p: int) -> int:
-    while p + 9 <= len(buf) and buf[p] == 0x95:
-        p += 9
-    return p
+
+
+# Bytes one `findall` looks at: a run of records is read in spans of at most this (~10k records), which bounds the
+# captured columns held at once.
+SPAN = 1 << 20
+
+
+MAX_LITERALS = 64  # GETs a specialised pattern may list; beyond, runs use the generic (slower) one
+
+
+def _rows(rec: re.Pattern[bytes], buf: bytes, pos: int) -> list[Any]:
+    rows = rec.findall(buf, pos, min(len(buf), pos + SPAN))
+    if rows and not rows[-1][0]:
+        rows.pop()
+    return rows
+
+
+def _run(ctx: _Ctx, pat: _Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes], want: dict[str, Any],
+         buf: bytes, pos: int) -> tuple[list[Any], dict[int, int]] | None:
+    """The columns of the contiguous records from `pos` (column 0: each whole record) and the column of each
+    captured group, or None when none: through the pattern specialised to the GETs seen so far, learning the
+    record's GETs when that does not match, through the generic pattern when it still does not."""
+    ctx.sync()
+    spec = ctx.special.get(id(pat))
+    rows = _rows(spec[0], buf, pos) if spec is not None else []
+    if not rows:
+        if not ctx.learn(pat, rec, want, buf, pos):
+            return None
+        spec = ctx.special.get(id(pat))
+        rows = _rows(spec[0], buf, pos) if spec is not None else []
+        if not rows:
+            spec = (run, {g: g + 1 for g in range(pat.n)})
+            rows = _rows(run, buf, pos)
+            if not rows:
+                return None
+    assert spec is not None
+    return list(zip(*rows)), spec[1]
+
+
+def _end(cols: list[Any], pos: int, k: int) -> int:
+    return pos + sum(map(len, cols[0][:k]))
 
 
 def _chunks(ctx: _Ctx, buf: bytes, pos: int) -> int:
-    w = ctx.w
-    sink = w.sink
-    offs: list[int] = []
-    sizes: list[int] = []
-    nds: list[int] = []
-    p = pos
-    lim = w.memo.n
-    match = CHUNK_REC.match
-    ix = CHUNK.index
-    i_off, i_size = ix["offsets"], ix["sizes"]
-    while True:
-        m = match(buf, p)
-        if m is None:
-            break
-        g = m.groups()
-        if not ctx.check(g, CHUNK, lim, _CHUNK_WANT):
-            break
-        o, s = _ints(g[i_off]), _ints(g[i_size])
-        if len(o) != len(s):
-            break
-        offs.extend(o)
-        sizes.extend(s)
-        nds.append(len(o))
-        lim += 8
-        p = _after_frames(buf, m.end())
-    n = len(nds)
-    if not n:
+    """A run of ChunkStorageMetadata(offsets=Size, sizes=Size): 8 memo slots each, one `Rows` marker."""
+    import numpy as np
+
+    from ckptinspect.pickling import stream_batch as B
+
+    got = _run(ctx, CHUNK, CHUNK_REC, CHUNK_RUN, _CHUNK_WANT, buf, pos)
+    if got is None:
         return -1
+    cols, at = got
+    w = ctx.w
+    ix = CHUNK.index
+    n, n0 = len(cols[0]), w.memo.n
+    base = n0 + 8 * np.arange(n, dtype=np.int64)
+    ok = ctx.gets_ok(cols, at, CHUNK, _CHUNK_WANT, base, n0)
+    both, nd = B.tuples(cols[at[ix["offsets"]]] + cols[at[ix["sizes"]]])  # one decode for the two columns
+    o_nd, s_nd = nd[:n], nd[n:]
+    split = int(o_nd.sum())
+    offs, sizes = both[:split], both[split:]
+    ok &= (o_nd == s_nd) & (o_nd <= 127)
+    k = B.first_false(ok)
+    if not k:
+        return -1
+    cut = int(o_nd[:k].sum())
+    sink = w.sink
     start = len(sink.c_nd)
-    sink.c_nd.extend(nds)
-    sink.c_off.extend(offs)
-    sink.c_size.extend(sizes)
-    w.memo.skip(8 * n)
-    w.stack.append(Rows(start, n))
-    w.rows_pushed += n
-    return p
+    sink.c_nd.frombytes(o_nd[:k].astype(np.int8).tobytes())
+    sink.c_off.frombytes(offs[:cut].tobytes())
+    sink.c_size.frombytes(sizes[:cut].tobytes())
+    w.memo.skip(8 * k)
+    w.stack.append(Rows(start, k))
+    w.rows_pushed += k
+    return _end(cols, pos, k)
+
+
+def _names(ctx: _Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
+           pushed: dict[int, str]) -> tuple[list[str], Any]:
+    """Each record's name: spelled (`strs`), or a GET of a string filled before the run or pushed by an earlier
+    record of it (`pushed`: slot -> string); and the mask of records where that holds."""
+    import numpy as np
+
+    from ckptinspect.pickling import stream_batch as B
+
+    ok = np.ones(len(get), dtype=bool)
+    slots, distinct = B.slots(get)
+    value: dict[bytes, str] = {}
+    bad = set()
+    for raw, idx in distinct.items():
+        if idx < 0:
+            continue
+        v = ctx.value(raw) if idx < n0 else pushed.get(idx)
+        if type(v) is str:
+            value[raw] = v
+        else:
+            bad.add(raw)
+    if bad:
+        ok &= ~B.rows_with(get, bad)
+    late = slots >= n0
+    if late.any():
+        ok &= ~late | (slots < base)
+    out = [value.get(g, "") if g else s for g, s in zip(get, strs)]
+    return out, ok
 
 
 def _storage(ctx: _Ctx, buf: bytes, pos: int) -> int:
+    """A run of `storage_data` entries MetadataIndex -> _StorageInfo: straight into the storage columns."""
+    import numpy as np
+
+    from ckptinspect.pickling import stream_batch as B
+
+    got = _run(ctx, STORAGE, STORAGE_REC, STORAGE_RUN, _STORAGE_WANT, buf, pos)
+    if got is None:
+        return -1
+    cols, at = got
     w = ctx.w
     sink, memo = w.sink, w.memo
-    p = pos
-    n = 0
-    match = STORAGE_REC.match
     ix = STORAGE.index
-    i_path, i_path_s, i_path_len = ix["path"], ix["path_s"], ix["path_s_len"]
-    i_pos, i_len = ix["pos"], ix["len"]
-    alt_a = [ix[n] for n in ("k_fqn_a", "fqn_a", "fqn_s_a", "fqn_s_a_len", "offset_a")]
-    alt_b = [ix[n] for n in ("k_fqn_b", "fqn_b", "fqn_s_b", "fqn_s_b_len", "offset_b")]
-    while True:
-        m = match(buf, p)
-        if m is None:
-            break
-        g = m.groups()
-        if not ctx.check(g, STORAGE, memo.n, _STORAGE_WANT):
-            break
-        _, i_fqn, i_fqn_s, i_fqn_len, i_off = alt_a if g[alt_a[0]] is not None else alt_b
-        if g[i_fqn] is not None:
-            fqn = ctx.value(g[i_fqn])
-            if type(fqn) is not str:
-                break
-        elif len(g[i_fqn_s]) != g[i_fqn_len][0]:
-            break
-        else:
-            fqn = sink.intern(g[i_fqn_s].decode("ascii"))
-        if g[i_path] is not None:
-            path = ctx.value(g[i_path])
-            if type(path) is not str:
-                break
-        elif len(g[i_path_s]) != g[i_path_len][0]:
-            break
-        else:
-            path = sink.intern(g[i_path_s].decode("ascii"))
-        # memo: MI object, dict, [fqn], [tuple, args, Size], SI object, dict, [path]
-        memo.skip(2)
-        if g[i_fqn] is None:
-            memo.push(fqn)
-        memo.skip(5 if g[i_off] is not None else 2)
-        if g[i_path] is None:
-            memo.push(path)
-        sink.s_fqn.append(fqn)
-        if g[i_off] is None:
-            sink.s_nd.append(-1)
-        else:
-            o = _ints(g[i_off])
-            sink.s_nd.append(len(o))
-            sink.s_off.extend(o)
-        sink.s_file.append(sink.file_id(path))
-        sink.s_pos.append(_ints(g[i_pos])[0])
-        sink.s_len.append(_ints(g[i_len])[0])
-        n += 1
-        p = _after_frames(buf, m.end())
-    if not n:
+
+    def col(name: str) -> Any:
+        return cols[at[ix[name]]]
+
+    n, n0 = len(cols[0]), memo.n
+    fqn_inline, ok = B.inline_names(B.joined(col("fqn_s_a_len"), col("fqn_s_b_len")),
+                                    fqn_s := B.joined(col("fqn_s_a"), col("fqn_s_b")))
+    path_inline, ok2 = B.inline_names(col("path_s_len"), col("path_s"))
+    ok &= ok2
+    offs, nd = B.tuples(B.joined(col("offset_a"), col("offset_b")))
+    has_off = nd >= 0
+    count = 4 + fqn_inline + 3 * has_off + path_inline
+    base = B.exclusive_cumsum(count, n0)
+    ok &= ctx.gets_ok(cols, at, STORAGE, _STORAGE_WANT, base, n0) & (nd <= 127)
+    intern = sink.strings.setdefault
+    fqn_strs = list(map(bytes.decode, fqn_s))
+    fqn_strs = list(map(intern, fqn_strs, fqn_strs))
+    path_strs = list(map(bytes.decode, col("path_s")))
+    path_strs = list(map(intern, path_strs, path_strs))
+    fqn_slot = base + 2
+    path_slot = base + 4 + fqn_inline + 3 * has_off
+    # the names the run spells, at their memo slots, in slot order (a record's name comes before its path)
+    f_rows, p_rows = np.flatnonzero(fqn_inline), np.flatnonzero(path_inline)
+    push_slot = np.concatenate((fqn_slot[f_rows], path_slot[p_rows]))
+    push_val = list(map(fqn_strs.__getitem__, f_rows.tolist())) + list(map(path_strs.__getitem__, p_rows.tolist()))
+    order = np.argsort(push_slot, kind="stable")
+    push_slot = push_slot[order]
+    push_val = list(map(push_val.__getitem__, order.tolist()))
+    pushed = dict(zip(push_slot.tolist(), push_val))
+    fqns, ok3 = _names(ctx, B.joined(col("fqn_a"), col("fqn_b")), fqn_strs, base, n0, pushed)
+    paths, ok4 = _names(ctx, col("path"), path_strs, base, n0, pushed)
+    ok &= ok3 & ok4
+    k = B.first_false(ok)
+    if not k:
         return -1
-    w.stack.append(StoragePairs(n))
-    w.pairs_pushed += n
-    return p
+    pos_v, len_v = B.ints(col("pos")[:k]), B.ints(col("len")[:k])
+    cut = int(np.maximum(nd[:k], 0).sum())
+    # memo: the names spelled in the run, at their slots (strings are what the loop keeps beyond LOW_MEMO)
+    n_push = int(np.searchsorted(push_slot, n0 + int(count[:k].sum())))
+    end = n0 + int(count[:k].sum())
+    if n0 >= LOW_MEMO:  # kept slots beyond LOW_MEMO are sorted (index, value) arrays: append in one go
+        memo.hi_idx.frombytes(push_slot[:n_push].tobytes())
+        memo.hi_val.extend(push_val[:n_push])
+        memo.n = end
+    else:
+        for sl, v in zip(push_slot[:n_push].tolist(), push_val[:n_push]):
+            memo.skip(sl - memo.n)
+            memo.push(v)
+        memo.skip(end - memo.n)
+    sink.s_fqn.extend(fqns[:k])
+    sink.s_nd.frombytes(nd[:k].astype(np.int8).tobytes())
+    sink.s_off.frombytes(offs[:cut].tobytes())
+    file_id = sink.file_id
+    sink.s_file.frombytes(np.fromiter(map(file_id, paths[:k]), dtype=np.int32, count=k).tobytes())
+    sink.s_pos.frombytes(pos_v.tobytes())
+    sink.s_len.frombytes(len_v.tobytes())
+    w.stack.append(StoragePairs(k))
+    w.pairs_pushed += k
+    return _end(cols, pos, k)
 
 
 def _plans(ctx: _Ctx, buf: bytes, pos: int) -> int:
-    w = ctx.w
-    memo = w.memo
-    p = pos
-    n = 0
-    match = PLAN_REC.match
-    ix = PLAN.index
-    i_type = ix["type_reduce"]
-    alt_a = [ix[n] for n in ("k_fqn_a", "fqn_s_a", "fqn_s_a_len", "offset_a")]
-    alt_b = [ix[n] for n in ("k_fqn_b", "fqn_s_b", "fqn_s_b_len", "offset_b")]
-    i_twd, i_props, i_size = ix["twd"], ix["props_new"], ix["size"]
-    while True:
-        m = match(buf, p)
-        if m is None:
-            break
-        g = m.groups()
-        if not ctx.check(g, PLAN, memo.n, _PLAN_WANT):
-            break
-        _, i_fqn_s, i_fqn_len, i_off = alt_a if g[alt_a[0]] is not None else alt_b
-        if g[i_fqn_s] is not None and len(g[i_fqn_s]) != g[i_fqn_len][0]:
-            break
-        # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
-        # [TWD object, dict, [props object, state], [size: 3]]
-        count = 4 + (g[i_fqn_s] is not None) + 3 * (g[i_off] is not None) + 2 * (g[i_type] is not None)
-        if g[i_twd] is not None:
-            count += 2 + 2 * (g[i_props] is not None) + 3 * (g[i_size] is not None)
-        memo.skip(count)  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
-        n += 1
-        p = _after_frames(buf, m.end())
-    if not n:
+    """A run of the plans' WriteItems: only their number and their memo slots matter (no string is kept)."""
+    import numpy as np
+
+    from ckptinspect.pickling import stream_batch as B
+
+    got = _run(ctx, PLAN, PLAN_REC, PLAN_RUN, _PLAN_WANT, buf, pos)
+    if got is None:
         return -1
-    w.stack.append(Rows(-1, n))  # plan items: only their number matters
-    w.rows_pushed += n
-    return p
+    cols, at = got
+    w = ctx.w
+    ix = PLAN.index
+
+    def present(name: str) -> Any:
+        return B.lengths(cols[at[ix[name]]]) > 0
+
+    n0 = w.memo.n
+    fqn_inline, ok = B.inline_names(B.joined(cols[at[ix["fqn_s_a_len"]]], cols[at[ix["fqn_s_b_len"]]]),
+                                    B.joined(cols[at[ix["fqn_s_a"]]], cols[at[ix["fqn_s_b"]]]))
+    # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
+    # [TWD object, dict, [props object, state], [size: 3]]
+    twd = present("twd_new")
+    count = (4 + fqn_inline + 3 * (present("offset_a") | present("offset_b")) + 2 * present("type_reduce")
+             + twd * (2 + 2 * present("props_new") + 3 * present("size")))
+    base = B.exclusive_cumsum(count, n0)
+    ok &= ctx.gets_ok(cols, at, PLAN, _PLAN_WANT, base, n0)
+    k = B.first_false(ok)
+    if not k:
+        return -1
+    w.memo.skip(int(count[:k].sum()))  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
+    w.stack.append(Rows(-1, k))  # plan items: only their number matters
+    w.rows_pushed += k
+    return _end(cols, pos, k)

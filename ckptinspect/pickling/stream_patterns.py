@@ -6,7 +6,6 @@ GET is captured, and the `*_WANT` tables say what the named GETs must hold (a cl
 
 from __future__ import annotations
 
-import operator
 import re
 from typing import Any
 
@@ -17,7 +16,6 @@ _INT = (rb"(?:K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x0
 # a tuple of ints, arity exact: TUPLE1/2/3 after 1/2/3 ints, or MARK ints TUPLE
 _TUP = rb"(?:" + _INT + rb"\x85|" + _INT * 2 + rb"\x86|" + _INT * 3 + rb"\x87|\(" + _INT + rb"+t)"
 _NEW = rb"\)\x81\x94\}\x94\("  # EMPTY_TUPLE NEWOBJ MEMOIZE EMPTY_DICT MEMOIZE MARK
-_ASCII = rb"([\x00-\x7f]*?)\x94"  # an ASCII name up to the MEMOIZE after it (its length is checked after)
 
 
 class _Pattern:
@@ -29,13 +27,16 @@ class _Pattern:
         self.index: dict[str, int] = {}
         self.gets: list[int] = []
         self.n = 0
-        self._getters: dict[int, tuple[Any, list[Any], Any]] = {}
+        self._named: list[tuple[int, str]] = []
+        self.part_of: dict[int, int] = {}  # group -> its entry in `parts`
+        self.vary: frozenset[int] = frozenset()  # GETs whose slot changes from record to record
 
     def raw(self, b: bytes) -> _Pattern:
         self.parts.append(b)
         return self
 
     def get(self, name: str | None = None) -> _Pattern:
+        self.part_of[self.n] = len(self.parts)
         self.parts.append(rb"(h.|j....)")
         self.gets.append(self.n)
         if name:
@@ -44,6 +45,7 @@ class _Pattern:
         return self
 
     def cap(self, name: str, pattern: bytes) -> _Pattern:
+        self.part_of[self.n] = len(self.parts)
         self.parts.append(b"(" + pattern + b")")
         self.index[name] = self.n
         self.n += 1
@@ -54,33 +56,43 @@ class _Pattern:
         return self.get(name + "_fn").cap(name, _TUP).raw(rb"\x94\x85\x94R\x94")
 
     def string(self, name: str) -> _Pattern:
-        """SHORT_BINUNICODE of an ASCII name, MEMOIZE."""
-        return self.raw(rb"\x8c").cap(name + "_len", b".").cap(name, rb"[\x00-\x7f]*?").raw(rb"\x94")
-
-    def getters(self, want: dict[str, Any]) -> tuple[Any, list[Any], Any]:
-        """(getter of the GETs named in `want`, their expectations, getter of the other GETs) for `m.groups()`."""
-        key = id(want)
-        hit = self._getters.get(key)
-        if hit is None:
-            names = [n for n in want if n in self.index]
-            idx = [self.index[n] for n in names]
-            rest = [i for i in self.gets if i not in idx]
-            hit = (_itemgetter(idx), [want[n] for n in names], _itemgetter(rest))
-            self._getters[key] = hit
-        return hit
+        """SHORT_BINUNICODE of an ASCII name, MEMOIZE. Greedy: MEMOIZE (0x94) is not ASCII, so the name ends at the
+        first one all the same, without a lazy loop's step per character (its length is checked after)."""
+        return self.raw(rb"\x8c").cap(name + "_len", b".").cap(name, rb"[\x00-\x7f]*").raw(rb"\x94")
 
     def compile(self) -> re.Pattern[bytes]:
         return re.compile(b"".join(self.parts), re.DOTALL)
 
+    def compile_run(self) -> re.Pattern[bytes]:
+        """For `findall` from a record's first byte: group 1 is a whole record with the FRAME opcodes that follow it
+        (no-ops between opcodes), group i + 2 the record's group i; once a record does not match, the last
+        alternative takes the rest of the span without capturing it (its tuple is all empty), so the records
+        `findall` returns are exactly the contiguous run."""
+        return re.compile(b"(" + b"".join(self.parts) + rb"(?:\x95.{8})*)|.+", re.DOTALL)
 
-def _itemgetter(idx: list[int]) -> Any:
-    """A getter that always returns a tuple (operator.itemgetter returns a bare item for one index)."""
-    if not idx:
-        return lambda g: ()
-    if len(idx) == 1:
-        i = idx[0]
-        return lambda g: (g[i],)
-    return operator.itemgetter(*idx)
+    def varying(self, *names: str) -> _Pattern:
+        self.vary = frozenset(self.index[n] for n in names)
+        return self
+
+    def specialize(self, literals: dict[int, set[bytes]]) -> tuple[re.Pattern[bytes], dict[int, int]]:
+        """A run pattern (as `compile_run`) where each GET group in `literals` is not captured but must be one of
+        the given GETs (`(?!)` when none): sre matches literal bytes several times faster than a capturing
+        alternation, and a record that names another slot simply ends the run. Returns it with the column of
+        each group still captured (group -> index in a `findall` tuple)."""
+        parts = list(self.parts)
+        for g, raws in literals.items():
+            alts = b"|".join(re.escape(r) for r in sorted(raws))
+            parts[self.part_of[g]] = b"(?:" + alts + b")" if alts else b"(?!)"
+        kept = [g for g in range(self.n) if g not in literals]
+        pattern = re.compile(b"(" + b"".join(parts) + rb"(?:\x95.{8})*)|.+", re.DOTALL)
+        return pattern, {g: k + 1 for k, g in enumerate(kept)}
+
+    def gets_named(self) -> list[tuple[int, str]]:
+        """Every GET group with its name ("" when unnamed)."""
+        if len(self._named) != len(self.gets):
+            names = {i: n for n, i in self.index.items()}
+            self._named = [(i, names.get(i, "")) for i in self.gets]
+        return self._named
 
 
 def _chunk_pattern(p: _Pattern, tag: str) -> _Pattern:
@@ -88,8 +100,9 @@ def _chunk_pattern(p: _Pattern, tag: str) -> _Pattern:
             .size(tag + "sizes").raw(b"ub"))
 
 
-CHUNK = _chunk_pattern(_Pattern(), "")
+CHUNK = _chunk_pattern(_Pattern(), "").varying()
 CHUNK_REC = CHUNK.compile()
+CHUNK_RUN = CHUNK.compile_run()
 
 def _index(p: _Pattern, tag: str, strings: bool) -> _Pattern:
     """MetadataIndex(fqn, offset, index): its state dict in either field order torch writes (`fqn, offset, index`,
@@ -109,17 +122,20 @@ def _index(p: _Pattern, tag: str, strings: bool) -> _Pattern:
 STORAGE = _Pattern()
 _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 (STORAGE.get("si").raw(_NEW).get("k_path").raw(b"(?:").get("path").raw(b"|").string("path_s").raw(b")")
- .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub"))
+ .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub").varying("fqn_a", "fqn_b", "path"))
 STORAGE_REC = STORAGE.compile()
+STORAGE_RUN = STORAGE.compile_run()
 
 PLAN = _Pattern()
 _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).raw(b"ub")
-(PLAN.get("k_type").raw(b"(?:").get().raw(b"|").get("type_fn").raw(_INT)
+(PLAN.get("k_type").raw(b"(?:").get("type_ref").raw(b"|").get("type_fn").raw(_INT)
  .cap("type_reduce", rb"\x85\x94R\x94").raw(b")").get("k_bytes").raw(b"(?:N|").get().raw(b")")
- .get("k_tensor").raw(b"(?:N|").get("twd").raw(_NEW).get("k_chunk").get().get("k_props").raw(b"(?:").get()
- .raw(b"|").get("props").cap("props_new", rb"\)\x81\x94\(").get().get().raw(rb"\x89").get()
- .raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get().raw(b"|").size("size").raw(b")ub)ub"))
+ .get("k_tensor").raw(b"(?:N|").get("twd").cap("twd_new", _NEW).get("k_chunk").get("chunk").get("k_props")
+ .raw(b"(?:").get("props_ref").raw(b"|").get("props").cap("props_new", rb"\)\x81\x94\(").get().get()
+ .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|").size("size")
+ .raw(b")ub)ub").varying("fqn_a", "fqn_b", "chunk", "props_ref", "size_ref"))
 PLAN_REC = PLAN.compile()
+PLAN_RUN = PLAN.compile_run()
 
 WRITE_ITEM = "torch.distributed.checkpoint.planner.WriteItem"
 _ANY_CLASS = object()

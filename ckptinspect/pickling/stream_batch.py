@@ -1,0 +1,179 @@
+"""Vectorised decoding of the columns a run of records yields (`stream_fast.py`): ints, tuples, names, memo slots.
+
+A run is read with one `findall` over the raw bytes; its capture groups, transposed, are columns of `bytes` (one per
+record, `b""` where an optional part is absent). These helpers turn such columns into numpy arrays without a Python
+step per record: the captured opcodes are concatenated and decoded in numpy (BININT1 / BININT2 / BININT / LONG1,
+exactly as `int.from_bytes` reads them), and the few distinct memo GETs of a column are decoded once each.
+Everything here is pure: a column that is not what the pattern promises raises `Fallback` (the caller then leaves
+the run to the opcode loop), nothing is written to the walk's state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ckptinspect.pickling.stream_eval import Fallback
+
+I64 = np.int64
+# One int opcode with its argument, as `_INT` of `stream_patterns.py` accepts it.
+_TOKEN = re.compile(rb"K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.....|\x8a\x06......"
+                    rb"|\x8a\x07.......|\x8a\x08........", re.DOTALL)
+_ARITY = {0x85: 1, 0x86: 2, 0x87: 3}  # TUPLE1/2/3; MARK ... TUPLE ('t') is counted
+
+
+def lengths(col: Sequence[bytes]) -> Any:
+    return np.fromiter(map(len, col), dtype=I64, count=len(col))
+
+
+def _table(pairs: dict[int, int], default: int = 0) -> Any:
+    t = np.full(256, default, dtype=I64)
+    for k, v in pairs.items():
+        t[k] = v
+    return t
+
+
+_WIDTH = _table({0x4B: 1, 0x4D: 2, 0x4A: 4})  # argument bytes of BININT1/2/BININT; LONG1 says its own
+_ARITY_OF = _table(_ARITY)
+_BYTE = np.arange(8, dtype=I64)
+
+
+SMALL = 256  # below this many ints a Python loop beats numpy's fixed cost per call
+
+
+def _decode_small(tokens: Sequence[bytes]) -> Any:
+    out = []
+    for t in tokens:
+        op = t[0]
+        if op == 0x4B:
+            out.append(t[1])
+        elif op == 0x4D:
+            out.append(t[1] | t[2] << 8)
+        elif op == 0x4A and len(t) == 5:
+            out.append(int.from_bytes(t[1:], "little", signed=True))
+        elif op == 0x8A and len(t) == t[1] + 2 and t[1]:
+            out.append(int.from_bytes(t[2:], "little", signed=True))
+        else:
+            raise Fallback("int opcode")
+    return np.array(out, dtype=I64)
+
+
+def decode_ints(tokens: Sequence[bytes]) -> Any:
+    """The value of each int opcode (`K.`, `M..`, `J....`, `\\x8a` k bytes): unsigned for BININT1/2, two's
+    complement for BININT and LONG1, as the unpickler reads them. Every token must be one whole opcode."""
+    n = len(tokens)
+    if n < SMALL:
+        return _decode_small(tokens)
+    lens = lengths(tokens)
+    a = np.frombuffer(b"".join(tokens) + bytes(10), dtype=np.uint8)
+    start = np.zeros(n, dtype=I64)
+    np.cumsum(lens[:-1], out=start[1:])
+    op = a[start]
+    long1 = op == 0x8A
+    k = np.where(long1, a[start + 1], _WIDTH[op])
+    if (lens != k + 1 + long1).any() or not k.all():
+        raise Fallback("int opcode")
+    payload = start + 1 + long1
+    raw = a[payload[:, None] + _BYTE]
+    raw[_BYTE[None, :] >= k[:, None]] = 0
+    out = raw.view("<i8").ravel().copy()
+    # sign: BININT and LONG1 are two's complement over their k bytes (k = 8 is the int64 itself)
+    neg = (op == 0x4A) | long1
+    neg &= (k < 8) & (raw[np.arange(n), np.maximum(k - 1, 0)] >= 0x80)
+    if neg.any():
+        out[neg] -= np.left_shift(np.ones(int(neg.sum()), dtype=I64), 8 * k[neg])
+    return out
+
+
+def ints(col: Sequence[bytes]) -> Any:
+    """A column where every record holds exactly one int opcode."""
+    if not all(col):
+        raise Fallback("absent int")
+    return decode_ints(col)
+
+
+def tuples(col: Sequence[bytes]) -> tuple[Any, Any]:
+    """(every int of the column's tuples in order, each record's arity: -1 where the tuple is absent)."""
+    joined = b"".join(col)
+    values = decode_ints(_TOKEN.findall(joined))
+    if len(col) < SMALL:
+        arity = np.array([(_ARITY.get(c[-1]) or len(_TOKEN.findall(c))) if c else -1 for c in col], dtype=I64)
+    else:
+        lens = lengths(col)
+        present = lens > 0
+        arity = np.full(len(col), -1, dtype=I64)
+        if present.any():
+            rows = np.flatnonzero(present)
+            last = np.frombuffer(joined, dtype=np.uint8)[np.cumsum(lens)[rows] - 1]
+            ar = _ARITY_OF[last]
+            for j in np.flatnonzero(ar == 0).tolist():  # MARK ints TUPLE: count them
+                ar[j] = len(_TOKEN.findall(col[int(rows[j])]))
+            arity[rows] = ar
+    if int(np.maximum(arity, 0).sum()) != len(values):
+        raise Fallback("tuple arity")
+    return values, arity
+
+
+def slot(raw: bytes) -> int:
+    """The memo index of a captured BINGET / LONG_BINGET (-1 for an absent one)."""
+    if not raw:
+        return -1
+    return raw[1] if len(raw) == 2 else int.from_bytes(raw[1:5], "little")
+
+
+def get_slots(col: Sequence[bytes]) -> Any:
+    """Each record's memo index of a captured BINGET (`h.`) / LONG_BINGET (`j....`), -1 where absent."""
+    n = len(col)
+    lens = lengths(col)
+    a = np.frombuffer(b"".join(col) + bytes(5), dtype=np.uint8).astype(I64)
+    start = np.zeros(n, dtype=I64)
+    np.cumsum(lens[:-1], out=start[1:])
+    out = np.full(n, -1, dtype=I64)
+    h = lens == 2
+    out[h] = a[start[h] + 1]
+    j = start[lens == 5] + 1
+    out[lens == 5] = a[j] | a[j + 1] << 8 | a[j + 2] << 16 | a[j + 3] << 24
+    return out
+
+
+def slots(col: Sequence[bytes]) -> tuple[Any, dict[bytes, int]]:
+    """(each record's memo index, -1 where absent; the distinct GETs of the column with their index)."""
+    distinct = {raw: slot(raw) for raw in set(col)}
+    return np.fromiter(map(distinct.__getitem__, col), dtype=I64, count=len(col)), distinct
+
+
+def rows_with(col: Sequence[bytes], bad: set[bytes]) -> Any:
+    """Mask of the records whose value is one of `bad`."""
+    return np.fromiter((c in bad for c in col), dtype=bool, count=len(col))
+
+
+def inline_names(len_col: Sequence[bytes], s_col: Sequence[bytes]) -> tuple[Any, Any]:
+    """(mask of records that spell a SHORT_BINUNICODE name, mask of those whose length byte matches the name)."""
+    inline = lengths(len_col) > 0
+    ok = np.ones(len(s_col), dtype=bool)
+    if inline.any():
+        declared = np.frombuffer(b"".join(len_col), dtype=np.uint8).astype(I64)
+        ok[inline] = declared == lengths(s_col)[inline]
+    return inline, ok
+
+
+def joined(a: Sequence[bytes], b: Sequence[bytes]) -> list[bytes]:
+    """Two columns of which each record uses at most one (the two field orders of a record): merged."""
+    return list(map(bytes.__add__, a, b))
+
+
+def exclusive_cumsum(counts: Any, start: int) -> Any:
+    out = np.empty(len(counts), dtype=I64)
+    out[0:1] = start
+    np.cumsum(counts[:-1], out=out[1:])
+    if len(counts) > 1:
+        out[1:] += start
+    return out
+
+
+def first_false(ok: Any) -> int:
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if len(bad) else len(ok)
