@@ -21,12 +21,12 @@ from typing import IO, Any
 
 from ckptinspect.chunk_table import ChunkTable
 from ckptinspect.errors import ReadError
-from ckptinspect.pickling.stream_eval import _UNSET, TSM, CountList, Fallback, Inst, Sink
+from ckptinspect.pickling.stream_eval import _UNSET, LOW_MEMO, TSM, CountList, Fallback, Inst, Sink
 from ckptinspect.pickling.stream_fast import install_fast_paths
 from ckptinspect.formats._stream_table import build_table, table_from_tensors
 from ckptinspect.pickling.stream_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
-from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, MAX_COORD, DcpMetadata, parse_shard_key, read_dcp_metadata
+from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, MAX_COORD, MAX_DIMS, DcpMetadata, parse_shard_key, read_dcp_metadata
 from ckptinspect.model import ObjectItem
 from ckptinspect.safeio import file_size, open_regular
 
@@ -65,10 +65,11 @@ class StreamedMetadata:
 
 
 def read_dcp_metadata_columns(
-    data: bytes | IO[bytes], report: PickleReport | None = None, fast: bool = True
+    data: bytes | IO[bytes], report: PickleReport | None = None, fast: bool = True, fast_from: int = LOW_MEMO
 ) -> StreamedMetadata:
     """Read `.metadata` (bytes, or a binary file from its current position). Raises `ReadError` as
-    `read_dcp_metadata` does (CK106, CK603); `report` collects the globals also when reading fails."""
+    `read_dcp_metadata` does (CK106, CK603); `report` collects the globals also when reading fails. `fast=False`
+    walks every opcode; `fast_from` (tests) starts the batch paths at that memo slot instead of `LOW_MEMO`."""
     report = report if report is not None else PickleReport()
     f: IO[bytes]
     if isinstance(data, bytes):
@@ -83,7 +84,7 @@ def read_dcp_metadata_columns(
         with no_gc():
             w = Walker(f, Sink(), probe, MAX_STREAM_BYTES)
             if fast:
-                install_fast_paths(w)
+                install_fast_paths(w, fast_from)
             root = walk(w)
             out = _finish(root, w)
         report.globals.update(probe.globals)
@@ -225,7 +226,9 @@ def _finish(root: Any, w: Walker) -> StreamedMetadata:
 
 def _coordinates_in_range(sink: Any) -> bool:
     """Every chunk offset and size, tensor dimension, storage offset and byte offset/length in [0, MAX_COORD]
-    (storage keys of an object use -1 axes, not coordinates: their offsets row is empty)."""
+    (storage keys of an object use -1 axes, not coordinates: their offsets row is empty); and, as the reference's
+    `dcp_metadata._coords` requires of a tensor's size and of each chunk's offsets and sizes, at most `MAX_DIMS`
+    axes and a product of at most MAX_COORD."""
     import numpy as np
 
     for column in (sink.c_off, sink.c_size, sink.t_shape, sink.s_off, sink.s_pos, sink.s_len):
@@ -233,6 +236,25 @@ def _coordinates_in_range(sink: Any) -> bool:
             values = np.frombuffer(column, dtype=np.int64)
             if int(values.min()) < 0 or int(values.max()) > MAX_COORD:
                 return False
+    for nd_col, cols in ((sink.c_nd, (sink.c_off, sink.c_size)), (sink.t_nd, (sink.t_shape,))):
+        if not len(nd_col):
+            continue
+        nd = np.frombuffer(nd_col, dtype=np.int8).astype(np.int64)
+        if int(nd.max()) > MAX_DIMS:
+            return False
+        start = np.zeros(len(nd), dtype=np.int64)
+        np.cumsum(nd[:-1], out=start[1:])
+        for column in cols:
+            values = np.frombuffer(column, dtype=np.int64) if len(column) else np.zeros(0, dtype=np.int64)
+            for d in np.unique(nd[nd > 1]).tolist():  # one axis: its value is in range already
+                first = start[nd == d]
+                approx = values[first[:, None] + np.arange(d)].astype(np.float64).prod(axis=1)
+                for r in first[approx > MAX_COORD / 4].tolist():  # near the bound: exactly, as the reference
+                    n = 1
+                    for v in column[r:r + d]:
+                        n *= v
+                    if n > MAX_COORD:
+                        return False
     return True
 
 
