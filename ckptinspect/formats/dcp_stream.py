@@ -26,7 +26,14 @@ from ckptinspect.pickling.stream_fast import install_fast_paths
 from ckptinspect.formats._stream_table import build_table, table_from_tensors
 from ckptinspect.pickling.stream_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
-from ckptinspect.formats.dcp_metadata import _KNOWN_ATTRS, MAX_COORD, MAX_DIMS, DcpMetadata, parse_shard_key, read_dcp_metadata
+from ckptinspect.formats.dcp_metadata import (
+    _KNOWN_ATTRS,
+    MAX_COORD,
+    MAX_DIMS,
+    DcpMetadata,
+    parse_shard_key,
+    read_dcp_metadata,
+)
 from ckptinspect.model import ObjectItem
 from ckptinspect.safeio import file_size, open_regular
 

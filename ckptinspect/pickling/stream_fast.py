@@ -1,18 +1,25 @@
-"""Fast paths of the streaming `.metadata` reader: the three records a DCP writer repeats per chunk, matched as bytes.
+"""Fast paths of the streaming `.metadata` reader: the three records a DCP writer repeats per chunk, read in runs.
 
 `pickle.dump` writes every ChunkStorageMetadata, every `storage_data` entry (MetadataIndex → _StorageInfo) and every
 plan WriteItem with the same opcodes; only memo indices, integers and names change. Each is one compiled regular
-expression over the raw bytes (C speed): a match is exactly what the opcode loop would parse at that position (every
-alternative starts with a distinct opcode byte, every argument has its exact length), and it contains no opcode that
-names a global (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT*): globals are only ever resolved — and judged — by the opcode
-loop. The memo values a record refers to (its class, field names, `torch.Size`) are checked like the loop checks
-them; a record that does not check out is left to the loop. The effect on stack and memo is the loop's: memo slots
-advance by the record's MEMOIZE count (strings kept where the loop keeps them), and a run of records leaves one
-marker on the stack (`Rows`, `StoragePairs`) whose consumption is accounted: a marker that is not consumed by the
-list append / dict update the writer follows it with makes the walk fall back (`Walker.markers_ok`).
+expression over the raw bytes (`stream_patterns.py`): a match is exactly what the opcode loop would parse at that
+position (every alternative starts with a distinct opcode byte, every argument has its exact length), and it contains
+no opcode that names a global (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT*): globals are only ever resolved — and judged —
+by the opcode loop.
+
+A run of records is read in one `findall` (at most `SPAN` bytes at a time) and decoded column by column
+(`stream_batch.py`: numpy over the captured bytes), not record by record. The regular expression used is the record's
+pattern specialised to the memo GETs already verified for it (class, field names, builders: literal bytes, which sre
+matches several times faster than captured alternations); a record naming another slot ends the run, the next call
+verifies it (`_Ctx.learn`) and extends the specialisation. The memo values a record refers to are checked like the
+loop checks them, per column; the run is cut before the first record that does not check out, which the loop then
+reads. The effect on stack and memo is the loop's: memo slots advance by each record's MEMOIZE count (strings kept
+where the loop keeps them), and a run leaves one marker on the stack (`Rows`, `StoragePairs`) whose consumption is
+accounted: a marker that is not consumed by the list append / dict update the writer follows it with makes the walk
+fall back (`Walker.markers_ok`). Nothing is written to the walk's state before a run is fully checked.
 
 Fast paths run only past the first `LOW_MEMO` memo slots (there the loop keeps every value, which a skipped slot
-would not reproduce), so small files are read entirely by the loop.
+would not reproduce), so small files are read entirely by the loop (tests start them earlier to compare the two).
 """
 
 from __future__ import annotations

@@ -65,9 +65,9 @@ class _Pattern:
 
     def compile_run(self) -> re.Pattern[bytes]:
         """For `findall` from a record's first byte: group 1 is a whole record with the FRAME opcodes that follow it
-        (no-ops between opcodes), group i + 2 the record's group i; once a record does not match, the last
-        alternative takes the rest of the span without capturing it (its tuple is all empty), so the records
-        `findall` returns are exactly the contiguous run."""
+        (no-ops between opcodes), group i + 2 the record's group i (index i + 1 of a `findall` tuple); once a
+        record does not match, the last alternative takes the rest of the span without capturing it (its tuple is
+        all empty), so the records `findall` returns are exactly the contiguous run."""
         return re.compile(b"(" + b"".join(self.parts) + rb"(?:\x95.{8})*)|.+", re.DOTALL)
 
     def varying(self, *names: str) -> _Pattern:
