@@ -11,7 +11,7 @@ A run of records is read in one `findall` (at most `SPAN` bytes at a time) and d
 (`stream_batch.py`: numpy over the captured bytes), not record by record. The regular expression used is the record's
 pattern specialised to the memo GETs already verified for it (class, field names, builders: literal bytes, which sre
 matches several times faster than captured alternations); a record naming another slot ends the run, the next call
-verifies it (`_Ctx.learn`) and extends the specialisation. The memo values a record refers to are checked like the
+verifies it (`Ctx.learn`) and extends the specialisation. The memo values a record refers to are checked like the
 loop checks them, per column; the run is cut before the first record that does not check out, which the loop then
 reads. The effect on stack and memo is the loop's: memo slots advance by each record's MEMOIZE count (strings kept
 where the loop keeps them), and a run leaves one marker on the stack (`Rows`, `StoragePairs`) whose consumption is
@@ -36,9 +36,8 @@ from ckptinspect.pickling.stream_eval import (
     Rows,
     StoragePairs,
 )
+from ckptinspect.pickling.stream_ctx import Ctx
 from ckptinspect.pickling.stream_patterns import (
-    _ANY_CLASS,
-    _ANY_KEY,
     _CHUNK_WANT,
     _PLAN_WANT,
     _STORAGE_WANT,
@@ -59,129 +58,10 @@ if TYPE_CHECKING:
     from ckptinspect.pickling.stream_walk import Walker
 
 
-class _Ctx:
-    """Per-walk caches: GET values, and the verdict on each combination of the GETs a pattern checks (a record's
-    class, field names and builders are the same few memo slots over and over)."""
-
-    def __init__(self, w: Walker) -> None:
-        self.w = w
-        self.values: dict[bytes, Any] = {}
-        self.good: dict[tuple[int, int], set[bytes]] = {}
-        # per pattern: the GETs its specialised run pattern lists, and that pattern with its columns
-        self.literals: dict[int, dict[int, set[bytes]]] = {}
-        self.special: dict[int, tuple[re.Pattern[bytes], dict[int, int]]] = {}
-        self.version = w.memo.version
-
-    def value(self, raw: bytes) -> Any:
-        v = self.values.get(raw, _MISS)
-        if v is _MISS:
-            idx = raw[1] if len(raw) == 2 else int.from_bytes(raw[1:], "little")
-            v = self.w.memo.get(idx)
-            if len(self.values) < 4096:
-                self.values[raw] = v
-        return v
-
-    def sync(self) -> None:
-        if self.version != self.w.memo.version:  # a memo slot was overwritten (PUT): forget what was seen
-            self.values.clear()
-            self.good.clear()
-            self.literals.clear()
-            self.special.clear()
-            self.version = self.w.memo.version
-
-    def learn(self, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str, Any], buf: bytes, pos: int) -> bool:
-        """Specialise `pat` to the record at `pos` (see `_Pattern.specialize`): its GETs that are not `vary` must
-        hold what the loop needs (as `gets_ok` checks them) and name slots filled before it. False when there is
-        no such record here (the loop reads on)."""
-        from ckptinspect.pickling import stream_batch as B
-
-        m = rec.match(buf, pos)
-        if m is None:
-            return False
-        g = m.groups()
-        n0 = self.w.memo.n
-        lits = self.literals.setdefault(id(pat), {i: set() for i in pat.gets if i not in pat.vary})
-        new = []
-        for i, name in pat.gets_named():
-            raw = g[i]
-            if i not in lits or raw is None or raw in lits[i]:
-                continue
-            expect = want.get(name, _MISS)
-            if B.slot(raw) >= n0 or (expect is not _MISS and not self._verify((raw,), [expect], n0)):
-                return False
-            new.append((i, raw))
-        if new and sum(map(len, lits.values())) + len(new) <= MAX_LITERALS:
-            for i, raw in new:
-                lits[i].add(raw)
-            self.special[id(pat)] = pat.specialize(lits)
-        return True
-
-    def gets_ok(self, cols: list[Any], at: dict[int, int], pat: _Pattern, want: dict[str, Any], base: Any,
-                n0: int) -> Any:
-        """Per record: every GET names a slot filled before the record (`base`: its first memo slot); the named
-        ones a slot filled before the run (`n0`) that holds what the loop needs there: a `Global` of that name
-        (str want starting with 'torch.'), that very string, or that builder. The GETs already seen to pass are
-        kept per column (`good`: a record repeats the same few), so a run costs a set difference per
-        column, not a step per record."""
-        import numpy as np
-
-        from ckptinspect.pickling import stream_batch as B
-
-        ok = np.ones(len(base), dtype=bool)
-        for i, name in pat.gets_named():
-            if i not in at:  # a literal of the specialised pattern
-                continue
-            col = cols[at[i]]
-            expect = want.get(name, _MISS)
-            if expect is _MISS:
-                idx = B.get_slots(col)
-                if idx.max(initial=-1) >= n0:  # a slot filled inside the run: by an earlier record?
-                    ok &= idx < base
-                continue
-            new = set(col)
-            new.discard(b"")
-            good = self.good.setdefault((id(pat), i), set())
-            new -= good
-            bad = set()
-            for raw in new:
-                if B.slot(raw) < n0 and self._verify((raw,), [expect], n0):
-                    good.add(raw)
-                else:
-                    bad.add(raw)
-            if bad:
-                ok &= ~B.rows_with(col, bad)
-        return ok
-
-    def _verify(self, named: tuple[Any, ...], expects: list[Any], lim: int) -> bool:
-        for raw, expect in zip(named, expects):
-            if raw is None:
-                continue
-            if len(raw) == 5 and int.from_bytes(raw[1:], "little") >= lim:
-                return False
-            v = self.value(raw)
-            if expect is _ANY_CLASS:
-                if v.__class__ is not Global or v.plan:
-                    return False
-            elif expect is _ANY_KEY:
-                if type(v) is not str:
-                    return False
-            elif type(expect) is str and expect.startswith("torch."):
-                if v.__class__ is not Global or v.qual != expect:
-                    return False
-            elif type(expect) is str:
-                if v != expect or type(v) is not str:
-                    return False
-            elif v is not expect:
-                return False
-        return True
-
-
-_MISS = object()
-
 def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
     """Fast paths from memo slot `start` on (below `LOW_MEMO` only for tests: a skipped slot there holds no value,
     so a later GET of it sends the file to the reference)."""
-    ctx = _Ctx(w)
+    ctx = Ctx(w)
 
     def fast(buf: bytes, pos: int, w: Walker = w) -> int:
         """At a GET: when it names the class of a repeated record and EMPTY_TUPLE NEWOBJ follow, read the run."""
@@ -216,9 +96,6 @@ def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
 SPAN = 1 << 20
 
 
-MAX_LITERALS = 64  # GETs a specialised pattern may list; beyond, runs use the generic (slower) one
-
-
 def _rows(rec: re.Pattern[bytes], buf: bytes, pos: int) -> list[Any]:
     rows = rec.findall(buf, pos, min(len(buf), pos + SPAN))
     if rows and not rows[-1][0]:
@@ -226,7 +103,7 @@ def _rows(rec: re.Pattern[bytes], buf: bytes, pos: int) -> list[Any]:
     return rows
 
 
-def _run(ctx: _Ctx, pat: _Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes], want: dict[str, Any],
+def _run(ctx: Ctx, pat: _Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes], want: dict[str, Any],
          buf: bytes, pos: int) -> tuple[list[Any], dict[int, int]] | None:
     """The columns of the contiguous records from `pos` (column 0: each whole record) and the column of each
     captured group, or None when none: through the pattern specialised to the GETs seen so far, learning the
@@ -252,7 +129,7 @@ def _end(cols: list[Any], pos: int, k: int) -> int:
     return pos + sum(map(len, cols[0][:k]))
 
 
-def _chunks(ctx: _Ctx, buf: bytes, pos: int) -> int:
+def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     """A run of ChunkStorageMetadata(offsets=Size, sizes=Size): 8 memo slots each, one `Rows` marker."""
     import numpy as np
 
@@ -287,7 +164,7 @@ def _chunks(ctx: _Ctx, buf: bytes, pos: int) -> int:
     return _end(cols, pos, k)
 
 
-def _names(ctx: _Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
+def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
            pushed: dict[int, str]) -> tuple[list[str], Any]:
     """Each record's name: spelled (`strs`), or a GET of a string filled before the run or pushed by an earlier
     record of it (`pushed`: slot -> string); and the mask of records where that holds."""
@@ -316,7 +193,7 @@ def _names(ctx: _Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
     return out, ok
 
 
-def _storage(ctx: _Ctx, buf: bytes, pos: int) -> int:
+def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     """A run of `storage_data` entries MetadataIndex -> _StorageInfo: straight into the storage columns."""
     import numpy as np
 
@@ -390,7 +267,7 @@ def _storage(ctx: _Ctx, buf: bytes, pos: int) -> int:
     return _end(cols, pos, k)
 
 
-def _plans(ctx: _Ctx, buf: bytes, pos: int) -> int:
+def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     """A run of the plans' WriteItems: only their number and their memo slots matter (no string is kept)."""
     import numpy as np
 
