@@ -1,8 +1,8 @@
 """Acceptance cases for the training stacks (Megatron-Bridge, NeMo 2, NVRx local, torchtitan, Megatron FSDP,
 non-persistent).
 
-Each copies a stack sample (`sample_ckpts/{bridge,nemo2,nvrx_local,torchtitan,megatron_fsdp}`, see sample_ckpts/README.md) and
-applies ONE mutation that mimics what a crash, a lost file or an attacker leaves, following the stack's write order
+Each copies a stack sample (`sample_ckpts/{bridge,nemo2,nvrx_local,torchtitan,megatron_fsdp}`, see
+sample_ckpts/README.md) and applies ONE mutation that mimics what a crash, a lost file or an attacker leaves, following the stack's write order
 (`ckptinspect/formats/stacks.py`, `formats/nvrx_local.py`). `tests/test_acceptance.py` runs them with the rest.
 """
 

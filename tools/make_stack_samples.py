@@ -1,11 +1,11 @@
-"""Build the training-stack samples under ``sample_ckpts/`` (Megatron-Bridge, NeMo 2, NVRx local, torchtitan).
+"""Build the training-stack samples under ``sample_ckpts/`` (Bridge, NeMo 2, NVRx local, torchtitan, Megatron FSDP).
 
 Usage (repo root; each needs the libraries named below, see sample_ckpts/README.md):
 
     python tools/make_stack_samples.py --only torchtitan      # torchtitan 0.3.0 CheckpointManager (tools/_titan_cpu.py)
     python tools/make_stack_samples.py --only nvrx_local      # megatron-core 0.16.1 + NVRx 0.4.1 LocalCheckpointManager
     python tools/make_stack_samples.py --only bridge nemo2    # megatron-core 0.16.1 payload + the stack's outer layout
-    python tools/make_stack_samples.py --only megatron_fsdp   # megatron-core 0.16.1 Megatron FSDP, fsdp_dtensor (+einops)
+    python tools/make_stack_samples.py --only megatron_fsdp   # megatron-core 0.16.1 Megatron FSDP (+ einops)
 
 `bridge` and `nemo2` cannot run their stack here (Megatron-Bridge imports transformer_engine at module level, NeMo 2
 needs Lightning's MegatronStrategy on GPUs), so the payload is a real megatron-core 0.16.1 torch_dist save written by
@@ -243,8 +243,8 @@ def build_megatron_fsdp(out: str, tmp: str) -> None:
     print(f"[megatron_fsdp] {out}")
 
 
-BUILDERS = {"torchtitan": build_torchtitan, "megatron_fsdp": build_megatron_fsdp, "nvrx_local": build_nvrx_local, "bridge": build_bridge,
-            "nemo2": build_nemo2}
+BUILDERS = {"torchtitan": build_torchtitan, "megatron_fsdp": build_megatron_fsdp, "nvrx_local": build_nvrx_local,
+            "bridge": build_bridge, "nemo2": build_nemo2}
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """Megatron FSDP (`--use-megatron-fsdp --ckpt-format fsdp_dtensor`): what a plain DCP reader cannot know.
 
-The payload is plain DCP (Megatron-LM core_v0.16.1 `megatron/training/checkpointing.py` `save_checkpoint` L643-655:
-`torch.distributed.checkpoint.save` of the whole state dict; no metadata.json, no common.pt). Read here:
+The payload is plain DCP (Megatron-LM core_v0.16.1 `megatron/training/checkpointing.py` `save_checkpoint`
+L643-655: `torch.distributed.checkpoint.save` of the whole state dict; no metadata.json, no common.pt). Read here:
 
 - `args`: the Megatron `Namespace` is a byte item of its own (`generate_state_dict` L892), read with the allowlisting
   unpickler (never executed; a hostile one is left to the safety check, CK601) for the topology `info` / `diff` show.
