@@ -2,8 +2,9 @@
 non-persistent).
 
 Each copies a stack sample (`sample_ckpts/{bridge,nemo2,nvrx_local,torchtitan,megatron_fsdp}`, see
-sample_ckpts/README.md) and applies ONE mutation that mimics what a crash, a lost file or an attacker leaves, following the stack's write order
-(`ckptinspect/formats/stacks.py`, `formats/nvrx_local.py`). `tests/test_acceptance.py` runs them with the rest.
+sample_ckpts/README.md) and applies ONE mutation that mimics what a crash, a lost file or an attacker leaves,
+following the stack's write order (`ckptinspect/formats/stacks.py`, `formats/nvrx_local.py`,
+`formats/megatron_fsdp.py`). `tests/test_acceptance.py` runs them with the rest.
 """
 
 from __future__ import annotations
