@@ -236,13 +236,14 @@ def build_megatron_fsdp(out: str, tmp: str) -> None:
     cfg.update(tp=1, pp=1, dp=2, world=2, layers=2, hidden=16, heads=4, vocab_size=100, iterations=[1],
                micro_batch_size=2, num_microbatches=1, seed=1234, train_iters=10,
                padded_vocab_size=make_sample_ckpts.padded_vocab_size(100, 64, 1), out_dir=rel, save_arg=rel,
-               port=make_sample_ckpts._free_port())
+               port=make_sample_ckpts._free_port(), verify=VERIFY)
     os.makedirs(out, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     tmp_mp.start_processes(_fsdp_cpu.worker_entry, args=(cfg,), nprocs=2, start_method="spawn")
     print(f"[megatron_fsdp] {out}")
 
 
+VERIFY = False  # --verify: megatron_fsdp also loads its save back the Megatron way (tools/_fsdp_cpu._verify_load)
 BUILDERS = {"torchtitan": build_torchtitan, "megatron_fsdp": build_megatron_fsdp, "nvrx_local": build_nvrx_local,
             "bridge": build_bridge, "nemo2": build_nemo2}
 
@@ -251,7 +252,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="+", choices=sorted(BUILDERS), default=sorted(BUILDERS))
     p.add_argument("--tmp", default="/tmp/ckptinspect-stacks")
+    p.add_argument("--verify", action="store_true", help="megatron_fsdp: load the save back with Megatron's path")
     ns = p.parse_args(argv)
+    global VERIFY
+    VERIFY = ns.verify
     os.makedirs(ns.tmp, exist_ok=True)
     os.chdir(_ROOT)  # recorded paths (args.save, .metadata checkpoint_id) are repo-relative
     for name in ns.only:
