@@ -142,6 +142,13 @@ def _fsdp_hostile(key: str) -> Mutation:
     return mutate
 
 
+def _fsdp_crash_in_next_save(save: Path, ctx: Ctx) -> None:
+    """The next save died inside `dcp.save`: data files written, `.metadata` (written last, by the coordinator) and the
+    tracker (after the barrier) not."""
+    shutil.copytree(save / FSDP_ITER, save / "iter_0000002")
+    (save / "iter_0000002" / ".metadata").unlink()
+
+
 def _fsdp_truncate_metadata(ckpt: Path, ctx: Ctx) -> None:
     truncate(ckpt / ".metadata")
 
@@ -201,6 +208,8 @@ STACK_CASES: tuple[Case, ...] = (
          S({"CK515", "CK516", "CK517", "CK301", "CK302", "CK506", "CK601", "CK602"}), sources=FSDP),
     Case("megatron_fsdp_without_metadata", _at("megatron_fsdp", FSDP_ITER, _rm(".metadata")), "incomplete",
          S({"CK102"}), sources=FSDP),
+    Case("megatron_fsdp_crash_in_next_save", _at("megatron_fsdp", "", _fsdp_crash_in_next_save), "complete",
+         S({"CK506"}), S({"CK504", "CK505"}), sources=FSDP),
     Case("megatron_fsdp_truncated_metadata", _at("megatron_fsdp", FSDP_ITER, _fsdp_truncate_metadata), "corrupt",
          S(), S({"CK515", "CK516", "CK517"}), sources=FSDP),
     Case("megatron_fsdp_rank1_distcp_missing", _at("megatron_fsdp", FSDP_ITER, _rm("__1_0.distcp")), "corrupt",
