@@ -46,7 +46,7 @@ class ObjectPath(PosixPath):
         if len(parts) < 2 or ":" not in parts[1]:
             raise TypeError(f"{PosixPath.__str__(self)} is not an object-storage path")
         scheme, _, authority = parts[1].partition(":")
-        return Scheme(scheme), authority, "/".join(parts[2:])
+        return Scheme(scheme), authority, _lexical_key(parts[2:])
 
     @property
     def store(self) -> Store:
@@ -125,6 +125,22 @@ class ObjectPath(PosixPath):
         else:
             ranges = [(int(o), int(o) + int(n)) for o, n in window]
         return ObjectReader(self.store, self.key, info, coalesce(ranges, info.size))
+
+
+def _lexical_key(segments: Sequence[str]) -> str:
+    """The key `segments` name, with ``..`` resolved lexically as a local disk resolves it in a real dir: a DCP
+    `relative_path` of ``../outside/x`` names ``outside/x`` next to the checkpoint prefix, not a key with a literal
+    ``..`` segment; above the bucket / profile root it stays at the root, like ``/..`` on a disk."""
+    if ".." not in segments:
+        return "/".join(segments)
+    out: list[str] = []
+    for seg in segments:
+        if seg == "..":
+            if out:
+                out.pop()
+        else:
+            out.append(seg)
+    return "/".join(out)
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], size: int) -> list[tuple[int, int]]:
