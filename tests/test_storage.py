@@ -240,9 +240,25 @@ def test_diff_and_ls_read_urls(s3_server: S3Server, td2_url: str) -> None:  # no
     assert code in (0, 1) and [i["status"] for i in doc["iterations"]] == [i["status"] for i in local["iterations"]]
 
 
-def test_scan_of_a_url_is_a_clear_usage_error(td2_url: str) -> None:
-    code, _, err = cli("scan", td2_url)
-    assert code == 2 and "audit" in err
+@pytest.mark.parametrize("name", ["ok_torch_dist_save_dir", "hostile_rng_item"])
+def test_scan_of_a_url_gives_the_local_verdict(name: str, s3_server: S3Server, tmp_path: Path) -> None:  # noqa: F811
+    """`scan` walks a bucket prefix as it walks a dir: same status, findings and pickles (subjects relative)."""
+    from corpus import CASES, Ctx
+
+    case = next(c for c in CASES if c.name == name)
+    ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
+    ctx.work.mkdir()
+    path = case.build(ctx)
+    upload(s3_server, ctx.work, f"scan/{name}")
+    url = s3_server.url(f"scan/{name}/{path.relative_to(ctx.work).as_posix()}")
+    docs = []
+    for target in (str(path), url):
+        code, out, err = cli("scan", target, "-o", "json")
+        doc = json.loads(out)
+        docs.append((code, doc["status"], doc["pickles_scanned"], sorted((f["code"], f["subject"])
+                                                                         for f in doc["findings"])))
+    assert docs[0] == docs[1] and docs[0][1] == case.status, docs
+    assert docs[0][2] > 0 and not ctx.marker.exists()
 
 
 def test_a_second_pass_over_a_large_object_costs_no_second_transfer(s3_server: S3Server) -> None:  # noqa: F811
