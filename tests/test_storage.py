@@ -131,13 +131,28 @@ def test_metadata_level_commands_read_only_metadata(td2_url: str) -> None:
     assert code == 0 and doc["status"] == "complete"
     st = doc["storage"]
     assert meta < st["bytes_transferred"] <= meta + scanned, st
-    # + 2: the reader asks the parent prefix for `latest_train_state.pt` (one LIST that finds nothing, one HEAD)
-    assert st["requests"] <= 1 + len(meta_names) + len(with_items) + 2 and st["retries"] == 0, st
+    # 2 listings: the checkpoint's prefix, and its parent's (where a reader looks for `latest_train_state.pt`)
+    assert st["requests"] == 2 + len(meta_names) + len(with_items) and st["retries"] == 0, st
+    assert st["requests_by_op"] == {"list": 2, "get": len(meta_names) + len(with_items)}, st
     for cmd in (["info", td2_url], ["coverage", td2_url], ["resume", td2_url, "--tp", "2", "--pp", "2"]):
         code, out, err = cli(*cmd, "-o", "json")
         assert code in (0, 1), err
         got = json.loads(out)["storage"]
-        assert got["bytes_transferred"] == meta and got["requests"] <= 1 + len(meta_names) + 2, (cmd, got)
+        assert got["bytes_transferred"] == meta and got["requests"] <= 2 + len(meta_names), (cmd, got)
+
+
+def test_every_listing_page_is_one_counted_request(td2_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3 is listed page by page: `requests` counts HTTP requests, not listing calls (2 entries a page here)."""
+    import ckptinspect.storage.fsspec_backend as fb
+
+    code, doc = audit_json(td2_url)
+    monkeypatch.setattr(fb, "LIST_PAGE_KEYS", 2)
+    code2, doc2 = audit_json(td2_url)
+    entries = len(list(TD2.iterdir())) + 1  # the checkpoint prefix, and its parent (one sub-prefix)
+    assert (code2, codes(doc2)) == (code, codes(doc))
+    lists, lists2 = doc["storage"]["requests_by_op"]["list"], doc2["storage"]["requests_by_op"]["list"]
+    assert lists == 2 and lists2 >= entries // 2, (lists, lists2)
+    assert doc2["storage"]["requests"] - doc["storage"]["requests"] == lists2 - lists
 
 
 def test_deep_reads_stay_within_the_items(td2_url: str) -> None:
