@@ -291,3 +291,7 @@ def test_a_second_pass_over_a_large_object_costs_no_second_transfer(s3_server: S
         assert f.read(1000) == blob[:1000] and f.read() == blob[1000:]
     snap = session.stats.snapshot()
     assert snap.bytes == len(blob) and dict(snap.by_op)["get"] <= 4, snap
+    session = reset()  # a reader that reads all of it (`.metadata`) asks for the largest blocks at once
+    with location(s3_server.url("big/.metadata")).open_reader(whole=True) as f:  # type: ignore[attr-defined]
+        assert f.read(1 << 20) == blob[:1 << 20] and f.read() == blob[1 << 20:]
+    assert dict(session.stats.snapshot().by_op)["get"] == 1
