@@ -49,6 +49,7 @@ class Store:
         self._lock = threading.Lock()
         self._listings: dict[str, Listing] = {}
         self._heads: dict[str, ObjectInfo | None] = {}
+        self._prefetched: dict[tuple[str, int, int, str | None], bytes] = {}  # `prefetch`: read once, then dropped
         self._unlistable: set[str] = set()  # prefixes whose listing was refused: their keys are asked one by one
         self._small: dict[str, tuple[str | None, bytes]] = {}
         self._small_bytes = 0
@@ -141,8 +142,25 @@ class Store:
             return name in parent.dirs
         return not self.listing(key).empty
 
+    def prefetch(self, key: str, start: int, end: int, info: ObjectInfo) -> None:
+        """Read [start, end) now (`prefetch.ahead`, from a worker thread) and keep it for the one `read` of exactly
+        that range that follows: the same request, made earlier."""
+        data = self.read(key, start, end, info)
+        with self._lock:
+            self._prefetched[(key, start, end, info.etag)] = data
+
+    def drop_prefetched(self, key: str, ranges: list[tuple[int, int]], info: ObjectInfo) -> None:
+        """Forget prefetched ranges nobody read (an item the scan skipped)."""
+        with self._lock:
+            for lo, hi in ranges:
+                self._prefetched.pop((key, lo, hi, info.etag), None)
+
     def read(self, key: str, start: int, end: int, info: ObjectInfo) -> bytes:
         """Bytes [start, end) of the object as listed; a short answer is `ObjectTruncated`, all of them events."""
+        with self._lock:
+            early = self._prefetched.pop((key, start, end, info.etag), None)
+        if early is not None:
+            return early
         whole = start == 0 and end == info.size and info.size <= SMALL_OBJECT_BYTES
         if whole:
             with self._lock:

@@ -44,6 +44,7 @@ from ckptinspect.safeio import open_regular
 from ckptinspect.capabilities.scan.archives import PickleScan
 from ckptinspect.safeio import Window, file_identity, file_size
 from ckptinspect.safeio import open_regular as open_file
+from ckptinspect.storage import prefetch
 from ckptinspect.storage.findings import storage_findings
 from ckptinspect.storage.objpath import ObjectPath
 
@@ -271,9 +272,13 @@ def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, Sto
     by_file: dict[str, list[tuple[str, StoredItem]]] = {}
     for key, item in items:
         by_file.setdefault(item.file, []).append((key, item))
-    for name in sorted(by_file):
+    names = sorted(by_file)
+    # From object storage, the windows of the next files are fetched in parallel while this one is walked (the
+    # same coalesced GETs, earlier); locally `ahead` yields at once.
+    jobs = [(ckpt_dir / n, [(it.offset, it.length) for _, it in by_file[n]]) for n in names]
+    for i in prefetch.ahead(jobs):
         # Also outside the checkpoint dir: DCP reads them from there (the storage check reports CK207).
-        s.data_file(ckpt_dir / name, "", label, "", name, by_file[name], gaps=False)
+        s.data_file(ckpt_dir / names[i], "", label, "", names[i], by_file[names[i]], gaps=False)
     findings = [f for f in s.findings if report_unreadable or f.code in _SAFETY_CODES]
     return ScanReport(label, status_of(findings), tuple(findings), tuple(s.pickles))
 
