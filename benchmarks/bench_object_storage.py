@@ -59,17 +59,24 @@ class Counter:
         self.bytes = self.proxy.bytes_out - self.b0
 
 
+def byte_items(ckpt: Path) -> dict[str, tuple[int, int]]:
+    """data file -> (end of its last byte item, bytes of its byte items): what the safety scan must read."""
+    from ckptinspect.formats import read_checkpoint
+
+    c = read_checkpoint(ckpt, str(ckpt))
+    out: dict[str, tuple[int, int]] = {}
+    for o in c.objects:
+        if o.storage is not None and o.key != "common_state/shard_0_1":
+            end, n = out.get(o.storage.file, (0, 0))
+            out[o.storage.file] = (max(end, o.storage.end), n + o.storage.length)
+    return out
+
+
 def upload_checkpoint(client: object, ckpt: Path, prefix: str) -> None:
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
 
-    from ckptinspect.formats import read_checkpoint
-
-    c = read_checkpoint(ckpt, str(ckpt))
-    head: dict[str, int] = {}
-    for o in c.objects:
-        if o.storage is not None:
-            head[o.storage.file] = max(head.get(o.storage.file, 0), o.storage.end)
+    head = {name: end for name, (end, _) in byte_items(ckpt).items()}
     bucket = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].buckets[BUCKET]
     for p in sorted(ckpt.iterdir()):
         key = f"{prefix}/{p.name}"
@@ -104,6 +111,7 @@ def bench_audit(ckpt: Path, proxy: FaultProxy, client: object, peers_only: bool 
         return
     local = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", str(ckpt), "-o", "json"], env=env,
                            capture_output=True, text=True)
+    proxy.log = []
     with Counter(proxy) as c:
         r = subprocess.run([sys.executable, "-m", "ckptinspect", "audit", f"s3://{BUCKET}/{prefix}", "-o", "json"],
                            env=env, capture_output=True, text=True)
@@ -114,7 +122,33 @@ def bench_audit(ckpt: Path, proxy: FaultProxy, client: object, peers_only: bool 
     print(f"  its own count: {doc['storage']}")
     print(f"  bytes / metadata objects = {c.bytes / meta_bytes:.3f} (target <= 1.05); "
           f"requests {c.requests} vs 10 + {len(meta)} = {10 + len(meta)}")
+    breakdown(proxy.log, meta_bytes, byte_items(ckpt))
+    proxy.log = None
     _peers(prefix, proxy)
+
+
+def breakdown(log: list[tuple[str, str, int]], meta_bytes: int, items: dict[str, tuple[int, int]]) -> None:
+    """Where the requests and bytes went: listing pages, metadata objects, byte items of data files, other."""
+    kinds: dict[str, list[int]] = {}
+    for method, path, n in log:
+        name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        kind = ("list" if "list-type" in path or "delimiter" in path else
+                "metadata objects" if name in META else
+                "byte items (data files)" if name.endswith(".distcp") else f"other {method}")
+        kinds.setdefault(kind, [0, 0])
+        kinds[kind][0] += 1
+        kinds[kind][1] += n
+    for kind, (k, n) in sorted(kinds.items()):
+        print(f"  {kind:24s} {k:6d} requests {n:12d} bytes")
+    scanned = sum(n for _, n in items.values())
+    print(f"  the safety scan must read {scanned} bytes of byte items in {len(items)} data files "
+          f"(one GET per file at least: S3 has no multi-object or multi-range GET)")
+    print(f"  floor with the scan: {len(items)} + overhead requests, "
+          f"{(meta_bytes + scanned) / meta_bytes:.3f}x the metadata bytes (+ listing XML)")
+    over = sum(k for kind, (k, _) in kinds.items() if not kind.startswith("byte items"))
+    over_b = sum(n for kind, (_, n) in kinds.items() if not kind.startswith("byte items"))
+    print(f"  overhead (everything but the byte items): {over} requests (target 10 + {len(META)}), "
+          f"{over_b / meta_bytes:.3f}x the metadata bytes (target 1.05)")
 
 
 def _peers(prefix: str, proxy: FaultProxy) -> None:
@@ -153,6 +187,13 @@ def bench_verify(proxy: FaultProxy, client: object, mb: int, files: int, tmp: Pa
                             "-o", "json"], capture_output=True, text=True)
     ok = json.loads(r.stdout)["status"]
     ours = c.seconds
+    import ckptinspect
+    from ckptinspect.storage.session import reset
+
+    reset()  # in this process (imports done): the transfer alone, without a process start
+    t = time.perf_counter()
+    inproc = ckptinspect.verify_manifest(f"s3://{BUCKET}/verify").status.value
+    inproc_s = time.perf_counter() - t
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=proxy.endpoint)
@@ -169,6 +210,8 @@ def bench_verify(proxy: FaultProxy, client: object, mb: int, files: int, tmp: Pa
     print(f"manifest verify s3:// ({mb} MiB in {files} objects): ckptinspect {ours:.2f} s ({mb / ours:.0f} MiB/s, "
           f"status {ok}) vs serial single-stream {serial:.2f} s ({mb / serial:.0f} MiB/s, ok={good}): "
           f"{serial / ours:.2f}x  [process start included in ckptinspect's time]")
+    print(f"  in-process verify_manifest (no process start): {inproc_s:.2f} s ({mb / inproc_s:.0f} MiB/s, "
+          f"status {inproc}): {serial / inproc_s:.2f}x the serial single stream")
 
 
 def main() -> None:

@@ -102,6 +102,7 @@ class FaultProxy:
         self.requests = 0  # forwarded requests and the response bytes sent back (benchmarks count with these)
         self.bytes_out = 0
         self._pattern_hook: Any = None
+        self.log: list[tuple[str, str, int]] | None = None  # (method, path, response bytes) when a list is set
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -148,6 +149,8 @@ class FaultProxy:
                 with proxy._lock:
                     proxy.requests += 1
                     proxy.bytes_out += len(data)
+                    if proxy.log is not None:
+                        proxy.log.append((self.command, self.path, len(data)))
                 conn.close()
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any

@@ -245,6 +245,25 @@ def test_object_replaced_mid_audit_is_a_finding(s3_server: S3Server, proxy: Faul
     assert f["subject"] == "common.pt" and f["details"]["url"].endswith(key)
 
 
+def test_faults_in_the_parallel_byte_item_reads_are_retried_and_reported(s3_server: S3Server,  # noqa: F811
+                                                                          proxy: FaultProxy) -> None:
+    """The safety scan's GETs run in worker threads ahead of the scan: a 503 there is retried and counted, and a
+    data file rewritten between the listing and its GET is CK220 on that file, as for a sequential read."""
+    from ckptinspect.formats import read_checkpoint
+
+    upload(s3_server, TD2, "replaced_item/iter_0000002")
+    ckpt = read_checkpoint(TD2, str(TD2))
+    victim = sorted({o.storage.file for o in ckpt.objects if o.storage is not None})[0]
+    key = f"replaced_item/iter_0000002/{victim}"
+    proxy.fail(".distcp", 2)
+    proxy.before(f"/{victim}", lambda: s3_server.client.put_object(
+        Bucket=s3_server.bucket, Key=key, Body=(TD2 / victim).read_bytes()[::-1]))
+    code, doc = audit_json(s3_server.url("replaced_item/iter_0000002"))
+    assert code == 1 and {"CK220", "CK225"} <= codes(doc), doc["findings"]
+    assert any(f["code"] == "CK220" and f["subject"] == victim for f in doc["findings"])
+    assert doc["storage"]["retries"] == 2
+
+
 def test_diff_and_ls_read_urls(s3_server: S3Server, td2_url: str) -> None:  # noqa: F811
     code, out, err = cli("diff", td2_url, str(TD2), "-o", "json")
     assert code == 0, err

@@ -113,11 +113,12 @@ class ObjectPath(PosixPath):
                 yield from self._walk(f"{rel}/{d}" if rel else d, recursive, depth + 1, max_depth)
 
     def open_reader(self, window: Sequence[tuple[int, int]] | tuple[int, int] | None = None,
-                    whole: bool = False) -> ObjectReader:
+                    whole: bool = False, keep: bool = True) -> ObjectReader:
         """A seekable reader of the whole object. `window`: the (offset, length) range(s) the caller will read;
         reads inside them are coalesced and never prefetch past them (None: the whole object is one window).
         `whole`: the caller reads all of it from the start (a `.metadata`), so blocks are `MAX_BLOCK` from the
-        first read on (a 95 MB `.metadata` in 3 GETs, not 6 growing ones)."""
+        first read on (a 95 MB `.metadata` in 3 GETs, not 6 growing ones). `keep`: blocks are kept for a second
+        pass (up to `KEEP_BYTES`); a single pass (hashing) keeps none, so it holds one block at a time."""
         info = self.object_info()
         if info is None:
             raise ObjectMissing(f"{self.url}: no such object", self.key)
@@ -128,7 +129,8 @@ class ObjectPath(PosixPath):
         else:
             ranges = [(int(o), int(o) + int(n)) for o, n in window]
         first = MAX_BLOCK if whole else FIRST_BLOCK
-        return ObjectReader(self.store, self.key, info, coalesce(ranges, info.size), first)
+        return ObjectReader(self.store, self.key, info, coalesce(ranges, info.size), first,
+                            KEEP_BYTES if keep else 0)
 
 
 def _lexical_key(segments: Sequence[str]) -> str:
@@ -176,7 +178,7 @@ class ObjectReader(io.RawIOBase):
     """
 
     def __init__(self, store: Store, key: str, info: ObjectInfo, windows: list[tuple[int, int]],
-                 first_block: int = FIRST_BLOCK) -> None:
+                 first_block: int = FIRST_BLOCK, keep_bytes: int = KEEP_BYTES) -> None:
         super().__init__()
         self._store = store
         self._key = key
@@ -190,6 +192,7 @@ class ObjectReader(io.RawIOBase):
         self._block = first_block
         self._kept: list[tuple[int, bytes]] = []
         self._kept_bytes = 0
+        self._keep_max = keep_bytes
         self.name = store.url(key)
 
     def readable(self) -> bool:
@@ -234,7 +237,7 @@ class ObjectReader(io.RawIOBase):
             keep = self._buf[lo - self._buf_at:hi - self._buf_at]
         data = self._store.read(self._key, lo + len(keep), hi, self._info) if lo + len(keep) < hi else b""
         self._buf, self._buf_at = keep + data, lo
-        if data and self._kept_bytes + len(data) <= KEEP_BYTES:
+        if data and self._kept_bytes + len(data) <= self._keep_max:
             self._kept.append((lo + len(keep), data))
             self._kept_bytes += len(data)
 
