@@ -123,8 +123,10 @@ class FaultProxy:
                     self.close_connection = True
                     return
                 if action is not None:
-                    msg = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-                    self.send_response(503)
+                    status = 403 if action[0] == "403" else 503
+                    msg = (b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>" if status == 403
+                           else b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>")
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(msg)))
                     self.end_headers()
@@ -178,6 +180,11 @@ class FaultProxy:
     def fail(self, pattern: str, n: int) -> None:
         with self._lock:
             self._rules.append([pattern, n, "503", 0.0])
+
+    def deny(self, pattern: str, n: int) -> None:
+        """The next `n` matching requests answer 403 AccessDenied (a policy that does not allow them)."""
+        with self._lock:
+            self._rules.append([pattern, n, "403", 0.0])
 
     def stall(self, pattern: str, n: int, seconds: float) -> None:
         with self._lock:

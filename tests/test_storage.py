@@ -264,6 +264,18 @@ def test_faults_in_the_parallel_byte_item_reads_are_retried_and_reported(s3_serv
     assert doc["storage"]["retries"] == 2
 
 
+def test_a_parent_that_may_not_be_listed_falls_back_to_asking_the_keys(s3_server: S3Server,  # noqa: F811
+                                                                        proxy: FaultProxy) -> None:
+    """A policy may allow listing the checkpoint's prefix but not its parent's: the sibling questions are then
+    asked one key at a time (HEAD), and the audit is the same, not a usage error."""
+    upload(s3_server, TD2, "denyparent/iter_0000002")
+    proxy.deny("prefix=denyparent%2F&", 100)
+    code, doc = audit_json(s3_server.url("denyparent/iter_0000002"))
+    assert proxy.injected >= 1
+    assert code == 0 and doc["status"] == "complete", doc["findings"]
+    assert doc["storage"]["requests_by_op"].get("head", 0) >= 1
+
+
 def test_diff_and_ls_read_urls(s3_server: S3Server, td2_url: str) -> None:  # noqa: F811
     code, out, err = cli("diff", td2_url, str(TD2), "-o", "json")
     assert code == 0, err
