@@ -124,8 +124,9 @@ class FaultProxy:
                     return
                 if action is not None:
                     status = 403 if action[0] == "403" else 503
-                    msg = (b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>" if status == 403
-                           else b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>")
+                    msg = (b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+                           if status == 403 else
+                           b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>")
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(msg)))
