@@ -14,6 +14,7 @@ from typing import Any
 
 from ckptinspect.checks import CheckContext, tracker
 from ckptinspect.checks.registry import CHECKS
+from ckptinspect.storage.findings import storage_findings
 from ckptinspect.errors import UsageError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of, worst_status
 from ckptinspect.formats import read_checkpoint
@@ -99,6 +100,9 @@ def audit_checkpoint(
         if ckpt.format is None or (not full and check_name in CHEAP_SKIP):
             continue
         findings.extend(f.with_path(label) for f in check(ckpt, ctx))
+    # what storage did while the checks read (the safety scan's byte items, --deep, --hash): an object rewritten,
+    # gone or denied after the listing is a finding here too, not only when the reader met it
+    findings.extend(storage_findings(path, label))
     kept = tuple(filter_findings(findings, opts.select, opts.ignore))
     return CheckpointAudit(ckpt, status_of(kept), kept, full, name)
 

@@ -44,6 +44,8 @@ from ckptinspect.safeio import open_regular
 from ckptinspect.capabilities.scan.archives import PickleScan
 from ckptinspect.safeio import Window, file_identity, file_size
 from ckptinspect.safeio import open_regular as open_file
+from ckptinspect.storage import prefetch
+from ckptinspect.storage.findings import storage_findings
 from ckptinspect.storage.objpath import ObjectPath
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -77,7 +79,7 @@ class _Scan(ContainerScan):
     """One scan in progress: the containers (`ContainerScan`) plus the walk over files and directories."""
 
     entries: int = 0
-    visited: set[tuple[int, int]] = field(default_factory=set)  # directories walked (symlink loops)
+    visited: set[tuple[int, int] | str] = field(default_factory=set)  # directories walked (symlink loops)
     located: set[tuple[int, int] | str] = field(default_factory=set)  # data files scanned through `.metadata` items
 
     # --- files and directories ---------------------------------------------------------------------------------
@@ -85,44 +87,32 @@ class _Scan(ContainerScan):
     def tree(self, path: Path, rel: str, label: str, ckpt_rel: str, depth: int) -> None:
         """Scan the directory `path` (`rel` from the scan root). `label` names the checkpoint its findings belong
         to, `ckpt_rel` is that checkpoint's dir relative to the scan root (subjects are relative to it)."""
-        try:
-            st = os.stat(path)
-        except OSError:
+        listed = _entries(path)
+        if listed is None:
             return
-        key = (st.st_dev, st.st_ino)
+        key, entries = listed
         if key in self.visited:
             return  # a symlink loop or a dir reached twice
         self.visited.add(key)
-        try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError:
-            return
         self.entries += len(entries)
         if self.entries > MAX_ENTRIES:
             self.findings.append(Finding("CK603", f"{rel or '.'}: more than {MAX_ENTRIES} directory entries; "
                                          "the scan stopped", rel or None, label, {}))
             return
-        files: dict[str, Path] = {}
-        dirs: list[os.DirEntry[str]] = []
-        for e in entries:
-            try:
-                if e.is_dir():  # follows symlinks; loops are caught by `visited`
-                    dirs.append(e)
-                    continue
-            except OSError:
-                continue
-            files[e.name] = Path(e.path)
+        files = {name: p for name, p, is_dir in entries if not is_dir}
         below = rel[len(ckpt_rel):].lstrip("/")
         self.checkpoint_dir(path, rel, label, f"{below}/" if below else "", files)
         if depth + 1 > MAX_DEPTH:
             return
-        for e in dirs:
-            sub_rel = _join_rel(rel, e.name)
-            if _ITER_NAME.match(e.name):
+        for name, p, is_dir in entries:
+            if not is_dir:
+                continue
+            sub_rel = _join_rel(rel, name)
+            if _ITER_NAME.match(name):
                 # An iteration dir of a save dir is a checkpoint of its own: findings name it, as `audit` does.
-                self.tree(Path(e.path), sub_rel, join_label(self.label, sub_rel), sub_rel, depth + 1)
+                self.tree(p, sub_rel, join_label(self.label, sub_rel), sub_rel, depth + 1)
             else:
-                self.tree(Path(e.path), sub_rel, label, ckpt_rel, depth + 1)
+                self.tree(p, sub_rel, label, ckpt_rel, depth + 1)
 
     def checkpoint_dir(self, path: Path, rel: str, label: str, prefix: str, files: Mapping[str, Path]) -> None:
         """The files of one directory: `.metadata` + `.distcp` items, and pickle files by name."""
@@ -267,6 +257,7 @@ def scan_path(path: Path, label: str | None = None, select: Iterable[str] = (),
         s.raw_file(path, "", label, path.name, "CK106")
     else:
         s.pickle_file(path, "", label, path.name)
+    s.findings.extend(storage_findings(path, label))  # an object that changed, vanished or was denied (CK22x)
     kept = tuple(filter_findings(s.findings, select, ignore))
     return ScanReport(label, status_of(kept), kept, tuple(s.pickles))
 
@@ -281,9 +272,13 @@ def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, Sto
     by_file: dict[str, list[tuple[str, StoredItem]]] = {}
     for key, item in items:
         by_file.setdefault(item.file, []).append((key, item))
-    for name in sorted(by_file):
+    names = sorted(by_file)
+    # From object storage, the windows of the next files are fetched in parallel while this one is walked (the
+    # same coalesced GETs, earlier); locally `ahead` yields at once.
+    jobs = [(ckpt_dir / n, [(it.offset, it.length) for _, it in by_file[n]]) for n in names]
+    for i in prefetch.ahead(jobs):
         # Also outside the checkpoint dir: DCP reads them from there (the storage check reports CK207).
-        s.data_file(ckpt_dir / name, "", label, "", name, by_file[name], gaps=False)
+        s.data_file(ckpt_dir / names[i], "", label, "", names[i], by_file[names[i]], gaps=False)
     findings = [f for f in s.findings if report_unreadable or f.code in _SAFETY_CODES]
     return ScanReport(label, status_of(findings), tuple(findings), tuple(s.pickles))
 
@@ -334,6 +329,32 @@ def _gaps(covered: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int]
 
 
 
+
+
+def _entries(path: Path) -> tuple[tuple[int, int] | str, list[tuple[str, Path, bool]]] | None:
+    """(identity, sorted (name, path, is_dir) entries) of a directory, or None when it cannot be listed. Locally
+    the identity is (device, inode) and symlinks are followed (loops are caught by identity); an object-storage
+    prefix is answered from its cached listing (one request per prefix) and identified by its URL."""
+    if isinstance(path, ObjectPath):
+        try:
+            listing = path.store.listing(path.key)
+        except OSError:
+            return None
+        named = [(n, path / n, False) for n in listing.files] + [(n, path / n, True) for n in listing.dirs]
+        return path.url, sorted(named, key=lambda e: e[0])
+    try:
+        st = os.stat(path)
+        scanned = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return None
+    out: list[tuple[str, Path, bool]] = []
+    for e in scanned:
+        try:
+            is_dir = e.is_dir()  # follows symlinks; loops are caught by the identity
+        except OSError:
+            continue
+        out.append((e.name, Path(e.path), is_dir))
+    return (st.st_dev, st.st_ino), out
 
 
 def _join_rel(rel: str, name: str) -> str:
