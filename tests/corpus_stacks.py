@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from corpus import Case, Ctx, Hostile, append_item, copy_source, edit_metadata, torch_bytes
+from corpus_kit import Case, Ctx, Hostile, append_item, copy_source, edit_metadata, torch_bytes
 
 BRIDGE, NEMO, NVRX, TITAN, TD = ("bridge",), ("nemo2",), ("nvrx_local",), ("torchtitan",), ("torch_dist",)
 NEMO_CKPT = "default--reduced_train_loss=0.00-epoch=0-consumed_samples=4.0-step=1"
