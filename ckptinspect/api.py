@@ -31,7 +31,7 @@ from ckptinspect.results import (
 )
 
 if TYPE_CHECKING:
-    from ckptinspect.capabilities.manifest.report import ManifestReport
+    from ckptinspect.checks.integrity_report import ManifestReport
     from ckptinspect.model import Checkpoint
     from ckptinspect.progress import ProgressHook
 
@@ -134,7 +134,7 @@ def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: 
                     workers: int | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
                     progress: ProgressHook | None = None) -> ManifestResult:
     """Verify a SHA-256 manifest (the checkpoint's own `integrity.json` by default; `ckptinspect manifest verify`)."""
-    from ckptinspect.capabilities.manifest.manifest import verify_manifest as do_verify
+    from ckptinspect.checks.integrity_verify import verify_manifest as do_verify
     from ckptinspect.errors import UsageError
     from ckptinspect.formats.resolve import resolve_checkpoint
 

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from ckptinspect.capabilities.coverage.coverage import CoverageReport
     from ckptinspect.capabilities.diff.diff import DiffResult as _Diff
     from ckptinspect.capabilities.manifest.manifest import WrittenManifest
-    from ckptinspect.capabilities.manifest.report import ManifestReport
+    from ckptinspect.checks.integrity_report import ManifestReport
     from ckptinspect.capabilities.resume.model import ResumePrediction, Verdict
-    from ckptinspect.capabilities.scan.scan import ScanReport
+    from ckptinspect.checks.safety_scan import ScanReport
     from ckptinspect.formats.sniff import SniffReport
     from ckptinspect.model import Format, Kind
 

@@ -28,7 +28,7 @@ from ckptinspect.cli.shell import (
     parse_location,
     usage_exit,
 )
-from ckptinspect.capabilities.scan.scan import ScanReport
+from ckptinspect.checks.safety_scan import ScanReport
 
 MAX_ROWS = 100
 

@@ -1,4 +1,4 @@
-"""The container half of the pickle-safety scan (`scan.py`): walking one container and recording what it holds.
+"""The container half of the pickle-safety scan (`safety_scan.py`): walking one container and recording what it holds.
 
 A container is a raw pickle or a `torch.save` zip archive: a whole file, or a stored item's byte range inside a
 `.distcp`. An archive's `*.pkl` members are walked, and members that are zip archives themselves are opened in turn
@@ -86,7 +86,7 @@ class Where:
 
 @dataclass(slots=True)
 class ContainerScan:
-    """One scan in progress: collected pickles and findings. `scan._Scan` adds the walk over files and directories."""
+    """One scan in progress: collected pickles and findings. `safety_scan.FileScan` adds the files."""
 
     label: str
     pickles: list[PickleScan] = field(default_factory=list)
