@@ -17,9 +17,8 @@ Importing `ckptinspect` is cheap and never imports torch: each function imports 
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from ckptinspect.api import (  # noqa: E402 - after __version__, which the renderers import
+from ckptinspect._version import __version__
+from ckptinspect.api import (
     audit,
     coverage,
     diff,
@@ -31,9 +30,9 @@ from ckptinspect.api import (  # noqa: E402 - after __version__, which the rende
     verify_manifest,
     write_manifest,
 )
-from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError  # noqa: E402
-from ckptinspect.findings import Finding, Severity, Status  # noqa: E402
-from ckptinspect.results import (  # noqa: E402
+from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
+from ckptinspect.findings import Finding, Severity, Status
+from ckptinspect.results import (
     AuditResult,
     CoverageResult,
     DiffResult,

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ckptinspect import __version__
+from ckptinspect._version import __version__
 from ckptinspect.cli.shell import (
     EXIT_OK,
     DebugOpt,

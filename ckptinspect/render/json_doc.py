@@ -8,7 +8,7 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from ckptinspect import __version__
+from ckptinspect._version import __version__
 from ckptinspect.findings import Finding
 
 if TYPE_CHECKING:  # type-only: `info` / `sniff` must not import the checks
