@@ -19,6 +19,18 @@ if TYPE_CHECKING:
     from ckptinspect.chunk_table import ChunkTable
 
 
+class StrEnum(str, enum.Enum):
+    """A closed set whose members read as their string values wherever text is made — `str()`, f-strings, JSON
+    (`json.dumps` writes the value), comparisons with a plain string — like `enum.StrEnum`, which Python 3.10 lacks.
+    Turning a closed set of strings into one of these changes no output."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
 class Format(enum.Enum):
     """On-disk checkpoint formats (names as Megatron's `--ckpt-format` spells them)."""
 
@@ -27,6 +39,14 @@ class Format(enum.Enum):
     TORCH_DCP = "torch_dcp"
     FSDP_DTENSOR = "fsdp_dtensor"
     NVRX_LOCAL = "nvrx_local"  # Megatron `--non-persistent-ckpt-type local`: NVRx per-rank `*_local.pt` files
+
+
+class ShardedBackend(StrEnum):
+    """Megatron-Core's `metadata.json` `sharded_backend`: how a torch_dist save stored its tensors."""
+
+    TORCH_DIST = "torch_dist"
+    ZARR = "zarr"  # megatron-core <=0.15: one zarr array dir per tensor key, no .metadata
+    FSDP_DTENSOR = "fsdp_dtensor"
 
 
 class Stack(enum.Enum):
@@ -231,6 +251,8 @@ class Checkpoint:
     shard_files: legacy: the files of each ``mp_rank_*`` dir (by dir name); empty for other formats.
     shard_args: legacy: the args each shard's ``model_optim_rng.pt`` holds (by dir name).
     reformulated: torch_dist 0.8-0.15: keys of N-D reformulated tensors (Megatron's ``mcore_data``).
+    sharded_backend: torch_dist: `metadata.json`'s ``sharded_backend`` (zarr saves are read and resumed differently);
+        None for other formats or without a readable `metadata.json`.
     extra: other format-specific facts, for display only (``metadata_json``, ``planner_keys``, ...): no check
         and no prediction reads it.
     All mappings are read-only (`types.MappingProxyType`).
@@ -257,6 +279,7 @@ class Checkpoint:
     shard_args: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: frozen({}))
     reformulated: tuple[str, ...] = ()
     table: ChunkTable | None = None
+    sharded_backend: ShardedBackend | None = None
 
     @property
     def data_bytes(self) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union
 
 from ckptinspect.findings import Finding, Severity, Status, exceeds
+from ckptinspect.model import StrEnum
 
 if TYPE_CHECKING:
     from ckptinspect.capabilities.audit.audit import AuditReport, IterationRow, Listing
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from ckptinspect.checks.integrity_report import ManifestReport
     from ckptinspect.capabilities.resume.model import ResumePrediction, Verdict
     from ckptinspect.checks.safety_scan import ScanReport
-    from ckptinspect.formats.sniff import SniffReport
+    from ckptinspect.formats.sniff import SniffReport, SniffState
     from ckptinspect.model import Checkpoint, Format, Kind
 
 FailOn = Union[Literal["error", "warning", "never"], Severity, None]
@@ -143,7 +144,7 @@ class SniffResult(_Result):
         return self.report.format
 
     @property
-    def state(self) -> str:
+    def state(self) -> SniffState:
         return self.report.state
 
     def _body(self) -> dict[str, Any]:
@@ -228,6 +229,14 @@ class AuditResult(_Result):
         return findings_junit(self.report.path, list(self.deciding_findings))
 
 
+class DiffVerdict(StrEnum):
+    """`DiffResult.verdict`."""
+
+    BLOCKING = "blocking"  # a resume or comparison would break
+    DIFFERENT = "different"  # differences, none blocking
+    IDENTICAL = "identical"
+
+
 @dataclass(frozen=True, slots=True)
 class DiffResult(_Result):
     """`diff A B`: `blocking` (a resume or comparison would break), and `report` (args, tensors, objects, values)."""
@@ -244,9 +253,9 @@ class DiffResult(_Result):
         return self.report.identical
 
     @property
-    def verdict(self) -> str:
-        """"blocking", "different" or "identical"."""
-        return "blocking" if self.blocking else "identical" if self.identical else "different"
+    def verdict(self) -> DiffVerdict:
+        return DiffVerdict.BLOCKING if self.blocking else DiffVerdict.IDENTICAL if self.identical \
+            else DiffVerdict.DIFFERENT
 
     def _body(self) -> dict[str, Any]:
         return self.report.to_dict()

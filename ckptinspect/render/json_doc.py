@@ -108,7 +108,7 @@ def audit_doc(r: AuditReport) -> dict[str, Any]:
         summary["optimizer_sharding"] = picked.optimizer_sharding
         summary["generation"] = picked.generation
     body: dict[str, Any] = {
-        "path": r.path, "kind": r.kind.value, "format": r.format, "iteration": r.iteration,
+        "path": r.path, "kind": r.kind.value, "format": r.format.value if r.format else None, "iteration": r.iteration,
         "status": r.status.value, "findings": findings_list(r.findings),
         "checkpoints": [a.to_dict() for a in r.checkpoints], "summary": summary,
     }
