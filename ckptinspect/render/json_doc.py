@@ -120,7 +120,7 @@ def audit_doc(r: AuditReport) -> dict[str, Any]:
 
 def ls_doc(listing: Listing) -> dict[str, Any]:
     return envelope("ls", {
-        "path": listing.path, "tracker": listing.tracker,
+        "path": listing.path, "tracker": dict(listing.tracker),
         "iterations": [row.to_dict() for row in listing.iterations],
         "findings": findings_list(listing.findings),
     })

@@ -8,6 +8,7 @@ findings (docs/contract.md "Status of a checkpoint").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ckptinspect.findings import Finding, Status, filter_findings, status_of, wo
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.savedir import SaveDir, SaveStyle, join_label, read_save_dir
 from ckptinspect.formats.sniff import path_kind
-from ckptinspect.model import Checkpoint, Format, Kind
+from ckptinspect.model import Checkpoint, Format, Kind, frozen
 from ckptinspect.capabilities.audit.summary import Summary, summarize
 
 CHEAP_SKIP = frozenset({"integrity"})
@@ -181,9 +182,12 @@ class Listing:
     """`ls SAVE_DIR`: the tracker and every iteration dir with its (cheaply classified) status."""
 
     path: str
-    tracker: dict[str, Any]
+    tracker: Mapping[str, Any]
     iterations: tuple[IterationRow, ...]
     findings: tuple[Finding, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tracker", frozen(self.tracker))
 
 
 def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | None = None) -> Listing:

@@ -12,8 +12,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ckptinspect.model import StrEnum
 
-class SaveFormat(enum.Enum):
+
+class SaveFormat(StrEnum):
     """`--ckpt-format` values `estimate` can cost."""
 
     TORCH_DIST = "torch_dist"
