@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.findings import Finding
+from ckptinspect.model import frozen
 from ckptinspect.pickling.candidates import archive_walks, blob_walks
 from ckptinspect.formats._files import called_finding
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
@@ -59,6 +60,9 @@ class PickleScan:
     globals: Mapping[str, str]
     segments: int = 1
     problem: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "globals", frozen(self.globals))
 
     def to_dict(self) -> dict[str, Any]:
         return {
