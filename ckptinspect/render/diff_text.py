@@ -92,7 +92,7 @@ def _optimizer_table(r: DiffResult, max_rows: int) -> RenderableType:
     for col in ("side", "format", "keys", "states", "e.g."):
         t.add_column(col, overflow="fold")
     for s in r.tensors.optimizer[:max_rows]:
-        t.add_row(s.side.upper(), s.format.label, str(len(s.keys)), ", ".join(s.states), s.keys[0])
+        t.add_row(s.side.value.upper(), s.format.label, str(len(s.keys)), ", ".join(s.states), s.keys[0])
     return t
 
 
