@@ -27,7 +27,7 @@ from ckptinspect.cli.shell import (
     guarded,
     parse_location,
 )
-from ckptinspect.capabilities.scan.scan import ScanReport
+from ckptinspect.checks.safety_scan import ScanReport
 
 MAX_ROWS = 100
 
