@@ -17,12 +17,16 @@ Importing `ckptinspect` is cheap and never imports torch: each function imports 
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING, Any
 
-from ckptinspect.api import (  # noqa: E402 - after __version__, which the renderers import
+from ckptinspect._version import __version__
+from ckptinspect.api import (
     audit,
     coverage,
     diff,
+    estimate,
+    info,
+    ls,
     merge_manifest_reports,
     read,
     resume,
@@ -31,13 +35,16 @@ from ckptinspect.api import (  # noqa: E402 - after __version__, which the rende
     verify_manifest,
     write_manifest,
 )
-from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError  # noqa: E402
-from ckptinspect.findings import Finding, Severity, Status  # noqa: E402
-from ckptinspect.results import (  # noqa: E402
+from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
+from ckptinspect.findings import Finding, Severity, Status
+from ckptinspect.results import (
     AuditResult,
     CoverageResult,
     DiffResult,
+    EstimateResult,
     FailOn,
+    InfoResult,
+    LsResult,
     ManifestResult,
     ResumeResult,
     ScanResult,
@@ -45,16 +52,30 @@ from ckptinspect.results import (  # noqa: E402
     WrittenManifestResult,
 )
 
+if TYPE_CHECKING:
+    from ckptinspect.capabilities.estimate.describe import GptDescription
+
+
+def __getattr__(name: str) -> Any:
+    """`GptDescription` (the model description `estimate` takes) is imported on first use: it pulls in the estimate
+    arithmetic, which `import ckptinspect` should not pay for."""
+    if name == "GptDescription":
+        from ckptinspect.capabilities.estimate.describe import GptDescription
+
+        return GptDescription
+    raise AttributeError(f"module 'ckptinspect' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
     # one function per command
-    "sniff", "read", "audit", "diff", "resume", "coverage", "verify_manifest", "write_manifest",
-    "merge_manifest_reports", "scan",
+    "sniff", "read", "ls", "info", "audit", "diff", "resume", "coverage", "verify_manifest", "write_manifest",
+    "merge_manifest_reports", "scan", "estimate",
     # values
-    "Status", "Severity", "Finding", "FailOn",
+    "Status", "Severity", "Finding", "FailOn", "GptDescription",
     # results
-    "SniffResult", "AuditResult", "DiffResult", "ResumeResult", "CoverageResult", "ManifestResult",
-    "WrittenManifestResult", "ScanResult",
+    "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult", "CoverageResult",
+    "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult",
     # errors
     "CkptInspectError", "UsageError", "BrokenSaveDir",
 ]

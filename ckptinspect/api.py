@@ -23,6 +23,9 @@ from ckptinspect.results import (
     AuditResult,
     CoverageResult,
     DiffResult,
+    EstimateResult,
+    InfoResult,
+    LsResult,
     ManifestResult,
     ResumeResult,
     ScanResult,
@@ -31,7 +34,8 @@ from ckptinspect.results import (
 )
 
 if TYPE_CHECKING:
-    from ckptinspect.capabilities.manifest.report import ManifestReport
+    from ckptinspect.capabilities.estimate.describe import GptDescription
+    from ckptinspect.checks.integrity_report import ManifestReport
     from ckptinspect.model import Checkpoint
     from ckptinspect.progress import ProgressHook
 
@@ -76,6 +80,24 @@ def read(path: PathLike) -> Checkpoint:
     p, label = _path(path)
     ckpt_path, ckpt_label = resolve_checkpoint(p, label)
     return read_checkpoint(ckpt_path, ckpt_label)
+
+
+def ls(path: PathLike) -> LsResult:
+    """Every iteration of a save dir with its (metadata-level) status, size, files and whether the tracker names it;
+    the tracker's findings (`ckptinspect ls`). A checkpoint dir lists as one row."""
+    from ckptinspect.capabilities.audit.audit import list_save_dir
+
+    p, label = _path(path)
+    return LsResult(list_save_dir(p, label))
+
+
+def info(path: PathLike) -> InfoResult:
+    """The checkpoint as read — format, iteration, topology, optimizer sharding, tensors, objects, files, args —
+    with its byte summary and the reader's own findings (`ckptinspect info`; `audit` runs the checks)."""
+    from ckptinspect.capabilities.audit.summary import summarize
+
+    ckpt = read(path)
+    return InfoResult(ckpt, summarize(ckpt))
 
 
 def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_iterations: bool = False,
@@ -134,7 +156,7 @@ def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: 
                     workers: int | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
                     progress: ProgressHook | None = None) -> ManifestResult:
     """Verify a SHA-256 manifest (the checkpoint's own `integrity.json` by default; `ckptinspect manifest verify`)."""
-    from ckptinspect.capabilities.manifest.manifest import verify_manifest as do_verify
+    from ckptinspect.checks.integrity_verify import verify_manifest as do_verify
     from ckptinspect.errors import UsageError
     from ckptinspect.formats.resolve import resolve_checkpoint
 
@@ -191,3 +213,45 @@ def scan(path: PathLike, *, select: Sequence[str] = (), ignore: Sequence[str] = 
     p, label = _path(path)
     _exists(p, label)
     return ScanResult(scan_path(p, label, tuple(select), tuple(ignore)))
+
+
+def estimate(*, params: float | None = None, description: GptDescription | None = None,
+             checkpoint: PathLike | None = None, dtype: str = "bfloat16", tp: int | None = None,
+             pp: int | None = None, dp: int | None = None, ep: int | None = None, etp: int | None = None,
+             cp: int | None = None, vpp: int | None = None, gpus_per_node: int = 8, format: str = "torch_dist",
+             fully_parallel: bool | None = None, async_save: bool = False,
+             distributed_optimizer: bool | None = None, optimizer: str | None = None,
+             optim_sharding: str | None = None, files_per_rank: int | None = None, write_bw: float = 2.0,
+             aggregate_bw: float = 100.0, d2h_bw: float = 25.0) -> EstimateResult:
+    """What a save will cost before the job runs (`ckptinspect estimate`): size by component, bytes written per
+    rank, files, stall seconds, async host memory.
+
+    Exactly one model source: `params` (a parameter count), `description` (a `GptDescription`), or `checkpoint`
+    (a torch_dist checkpoint or save dir; its own topology and save options unless overridden). Topology and save
+    options left None take the checkpoint's value (or 1 / Megatron's default). `format` is "torch_dist" or "torch",
+    `optimizer` "adam" or "sgd", `optim_sharding` "dp_reshardable" or "fully_reshardable"; bandwidths are decimal
+    GB/s. Options that cannot describe a Megatron job raise `UsageError` (the CLI's exit 2).
+    """
+    from ckptinspect.capabilities.estimate import Bandwidths, Optimizer, OptimSharding, SaveFormat
+    from ckptinspect.capabilities.estimate.request import EstimateRequest, SaveArgs, TargetArgs, run
+    from ckptinspect.errors import UsageError
+
+    if min(write_bw, aggregate_bw, d2h_bw) <= 0:
+        raise UsageError("--write-bw, --aggregate-bw and --d2h-bw must be positive")
+
+    def choice(kind: Any, value: str | None, what: str) -> Any:
+        try:
+            return None if value is None else kind(value)
+        except ValueError:
+            raise UsageError(f"{what} {value!r}: expected {' | '.join(m.value for m in kind)}") from None
+
+    req = EstimateRequest(
+        params=params, dtype=dtype, description=description,
+        from_path=_path(checkpoint)[0] if checkpoint is not None else None,
+        target=TargetArgs(tp, pp, dp, ep, etp, cp, vpp, gpus_per_node),
+        save=SaveArgs(choice(SaveFormat, format, "format"), fully_parallel, async_save, distributed_optimizer,
+                      choice(Optimizer, optimizer, "optimizer"), choice(OptimSharding, optim_sharding,
+                                                                         "optim_sharding"), files_per_rank),
+        bandwidths=Bandwidths(write_bw * 1e9, aggregate_bw * 1e9, d2h_bw * 1e9),
+    )
+    return EstimateResult(run(req))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 
@@ -154,14 +155,23 @@ class Finding:
     message: one human sentence, specific (names the tensor, the file, the numbers).
     subject: the tensor / object / file it is about, or None.
     path: the checkpoint (or save dir) it belongs to, as the user named it.
-    details: JSON-able extra facts (coordinates, sizes, expected/actual).
+    details: JSON-able extra facts (coordinates, sizes, expected/actual), read-only.
     """
 
     code: str
     message: str
     subject: str | None = None
     path: str | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        # read-only, copied once (a finding handed on keeps its view: `with_path`, `replace`)
+        if not isinstance(self.details, MappingProxyType):
+            object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
+
+    def __reduce__(self) -> tuple[type[Finding], tuple[Any, ...]]:
+        # a read-only view cannot be pickled; findings still travel between processes
+        return Finding, (self.code, self.message, self.subject, self.path, dict(self.details))
 
     @property
     def info(self) -> CodeInfo:

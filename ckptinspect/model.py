@@ -11,12 +11,24 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckptinspect.findings import Finding
 
 if TYPE_CHECKING:
     from ckptinspect.chunk_table import ChunkTable
+
+
+class StrEnum(str, enum.Enum):
+    """A closed set whose members read as their string values wherever text is made — `str()`, f-strings, JSON
+    (`json.dumps` writes the value), comparisons with a plain string — like `enum.StrEnum`, which Python 3.10 lacks.
+    Turning a closed set of strings into one of these changes no output."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 class Format(enum.Enum):
@@ -27,6 +39,14 @@ class Format(enum.Enum):
     TORCH_DCP = "torch_dcp"
     FSDP_DTENSOR = "fsdp_dtensor"
     NVRX_LOCAL = "nvrx_local"  # Megatron `--non-persistent-ckpt-type local`: NVRx per-rank `*_local.pt` files
+
+
+class ShardedBackend(StrEnum):
+    """Megatron-Core's `metadata.json` `sharded_backend`: how a torch_dist save stored its tensors."""
+
+    TORCH_DIST = "torch_dist"
+    ZARR = "zarr"  # megatron-core <=0.15: one zarr array dir per tensor key, no .metadata
+    FSDP_DTENSOR = "fsdp_dtensor"
 
 
 class Stack(enum.Enum):
@@ -195,19 +215,32 @@ class Topology:
     dp: int | None = None
     ep: int | None = None
     world_size: int | None = None
-    sources: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=lambda: frozen({}))
     cp: int | None = None
     etp: int | None = None
     vpp: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", frozen(self.sources))
 
     def to_dict(self) -> dict[str, int | None]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "world_size": self.world_size,
                 "cp": self.cp, "etp": self.etp, "vpp": self.vpp}
 
 
-def frozen(d: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A read-only view of a copy of `d`, for the mappings inside frozen results."""
-    return MappingProxyType(dict(d))
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def frozen(d: Mapping[K, V]) -> Mapping[K, V]:
+    """A read-only view of a copy of `d`, for the mappings inside frozen results (`d` itself when it is already one
+    of these views: a value is copied once, where it is built, not again at every `dataclasses.replace`)."""
+    return d if isinstance(d, MappingProxyType) else MappingProxyType(dict(d))
+
+
+def frozen2(d: Mapping[K, Mapping[str, V]]) -> Mapping[K, Mapping[str, V]]:
+    """`frozen`, and each value too (a mapping of mappings)."""
+    return d if isinstance(d, MappingProxyType) else MappingProxyType({k: frozen(v) for k, v in d.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,9 +264,12 @@ class Checkpoint:
     shard_files: legacy: the files of each ``mp_rank_*`` dir (by dir name); empty for other formats.
     shard_args: legacy: the args each shard's ``model_optim_rng.pt`` holds (by dir name).
     reformulated: torch_dist 0.8-0.15: keys of N-D reformulated tensors (Megatron's ``mcore_data``).
+    sharded_backend: torch_dist: `metadata.json`'s ``sharded_backend`` (zarr saves are read and resumed differently);
+        None for other formats or without a readable `metadata.json`.
     extra: other format-specific facts, for display only (``metadata_json``, ``planner_keys``, ...): no check
         and no prediction reads it.
-    All mappings are read-only (`types.MappingProxyType`).
+    All mappings are read-only (`types.MappingProxyType`): the model is built once and never changed; a reader or
+    stack that adds a fact builds a new checkpoint (`dataclasses.replace`) from a copy.
     table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
       run vectorised over millions of chunks; None for formats without one (legacy).
     """
@@ -251,12 +287,25 @@ class Checkpoint:
     optimizer_sharding: str | None = None
     rank_items: tuple[int, ...] = ()
     findings: tuple[Finding, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=lambda: frozen({}))
     layout: Mapping[str, int] = field(default_factory=lambda: frozen({}))
     shard_files: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: frozen({}))
     shard_args: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: frozen({}))
     reformulated: tuple[str, ...] = ()
     table: ChunkTable | None = None
+    sharded_backend: ShardedBackend | None = None
+
+    def __post_init__(self) -> None:
+        # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).
+        set_ = object.__setattr__
+        if self.args is not None:
+            set_(self, "args", frozen(self.args))
+        if self.common is not None:
+            set_(self, "common", frozen(self.common))
+        set_(self, "extra", frozen(self.extra))
+        set_(self, "layout", frozen(self.layout))
+        set_(self, "shard_files", frozen(self.shard_files))
+        set_(self, "shard_args", frozen2(self.shard_args))
 
     @property
     def data_bytes(self) -> int:

@@ -11,20 +11,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union
 
 from ckptinspect.findings import Finding, Severity, Status, exceeds
+from ckptinspect.model import StrEnum
 
 if TYPE_CHECKING:
-    from ckptinspect.capabilities.audit.audit import AuditReport
+    from ckptinspect.capabilities.audit.audit import AuditReport, IterationRow, Listing
+    from ckptinspect.capabilities.audit.summary import Summary
     from ckptinspect.capabilities.coverage.coverage import CoverageReport
     from ckptinspect.capabilities.diff.diff import DiffResult as _Diff
+    from ckptinspect.capabilities.estimate import Estimate
     from ckptinspect.capabilities.manifest.manifest import WrittenManifest
-    from ckptinspect.capabilities.manifest.report import ManifestReport
+    from ckptinspect.checks.integrity_report import ManifestReport
     from ckptinspect.capabilities.resume.model import ResumePrediction, Verdict
-    from ckptinspect.capabilities.scan.scan import ScanReport
-    from ckptinspect.formats.sniff import SniffReport
-    from ckptinspect.model import Format, Kind
+    from ckptinspect.checks.safety_scan import ScanReport
+    from ckptinspect.formats.sniff import SniffReport, SniffState
+    from ckptinspect.model import Checkpoint, Format, Kind
 
 FailOn = Union[Literal["error", "warning", "never"], Severity, None]
 """`--fail-on`: a severity name, a `Severity`, or "never" / None (exit 0 whatever the findings)."""
@@ -47,32 +50,89 @@ def _exit(findings: Iterable[Finding], fail_on: FailOn) -> int:
     return EXIT_FINDINGS if exceeds(findings, fail_severity(fail_on)) else EXIT_OK
 
 
-def _doc(command: str, body: dict[str, Any]) -> str:
-    from ckptinspect.render.json_doc import dumps, envelope
+class _Report(Protocol):
+    """What a findings-bearing capability report offers: a status, its findings, its JSON body."""
 
-    return dumps(envelope(command, body))
+    @property
+    def status(self) -> Status: ...
+
+    @property
+    def findings(self) -> tuple[Finding, ...]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
-class _Document:
-    """`to_dict()` from `to_json()`: the parsed document, so it equals what a script reads from `-o json`."""
+R = TypeVar("R", bound=_Report)
+
+
+class _Result:
+    """What every result shares: `to_json()` (the envelope around `_body()`, printed as the CLI prints it),
+    `to_dict()` (that document parsed, so it equals what a script reads from `-o json`), `findings` (none unless the
+    command yields findings) and `exit_code(fail_on)` (1 when a deciding finding is at or above `fail_on`)."""
 
     __slots__ = ()
+    COMMAND: ClassVar[str]
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return ()
+
+    @property
+    def deciding_findings(self) -> tuple[Finding, ...]:
+        """The findings the exit code rests on (all of them unless a result says otherwise)."""
+        return self.findings
+
+    def _command(self) -> str:
+        return self.COMMAND
+
+    def _body(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _document(self) -> dict[str, Any]:
+        from ckptinspect.render.json_doc import envelope
+
+        return envelope(self._command(), self._body())
 
     def to_json(self) -> str:
-        raise NotImplementedError
+        from ckptinspect.render.json_doc import dumps
+
+        return dumps(self._document())
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self.to_json())
         return doc
+
+    def exit_code(self, fail_on: FailOn = "error") -> int:
+        return _exit(self.deciding_findings, fail_on)
+
+
+class _ReportResult(_Result, Generic[R]):
+    """A result around a capability report that has a status and findings: `status`, `findings` and the JSON body
+    are the report's."""
+
+    __slots__ = ()
+    report: R
+
+    @property
+    def status(self) -> Status:
+        return self.report.status
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return self.report.findings
+
+    def _body(self) -> dict[str, Any]:
+        return self.report.to_dict()
 
 
 # --- results -----------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class SniffResult(_Document):
+class SniffResult(_Result):
     """`sniff PATH`: what PATH is (`report`: kind, format, evidence, generation, state). It has no findings."""
 
+    COMMAND = "sniff"
     report: SniffReport
 
     @property
@@ -84,24 +144,59 @@ class SniffResult(_Document):
         return self.report.format
 
     @property
-    def state(self) -> str:
+    def state(self) -> SniffState:
         return self.report.state
 
-    @property
-    def findings(self) -> tuple[Finding, ...]:
-        return ()
-
-    def to_json(self) -> str:
-        return _doc("sniff", dict(self.report.to_dict()))
-
-    def exit_code(self, fail_on: FailOn = "error") -> int:
-        return EXIT_OK
+    def _body(self) -> dict[str, Any]:
+        return dict(self.report.to_dict())
 
 
 @dataclass(frozen=True, slots=True)
-class AuditResult(_Document):
+class LsResult(_Result):
+    """`ls SAVE_DIR`: every iteration dir (`iterations`: format, status, size, files, tracked) and the save dir's
+    findings (tracker, leftovers); `report` is the listing."""
+
+    COMMAND = "ls"
+    report: Listing
+
+    @property
+    def iterations(self) -> tuple[IterationRow, ...]:
+        return self.report.iterations
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return self.report.findings
+
+    def _document(self) -> dict[str, Any]:
+        from ckptinspect.render.json_doc import ls_doc
+
+        return ls_doc(self.report)
+
+
+@dataclass(frozen=True, slots=True)
+class InfoResult(_Result):
+    """`info CKPT`: the checkpoint as read (`checkpoint`: format, iteration, topology, tensors, objects, files, args)
+    with its byte `summary`, and the findings of the reader itself (`ckptinspect.audit` runs the checks)."""
+
+    COMMAND = "info"
+    checkpoint: Checkpoint
+    summary: Summary
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return self.checkpoint.findings
+
+    def _document(self) -> dict[str, Any]:
+        from ckptinspect.render.json_doc import info_doc
+
+        return info_doc(self.checkpoint, self.summary)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditResult(_Result):
     """`audit PATH`: `status`, every finding, and `report` (per-checkpoint audits, save dir, summary)."""
 
+    COMMAND = "audit"
     report: AuditReport
 
     @property
@@ -118,10 +213,10 @@ class AuditResult(_Document):
         """The findings the status and the exit code rest on (not those of leftover iterations)."""
         return self.report.gating_findings
 
-    def to_json(self) -> str:
-        from ckptinspect.render.json_doc import audit_doc, dumps
+    def _document(self) -> dict[str, Any]:
+        from ckptinspect.render.json_doc import audit_doc
 
-        return dumps(audit_doc(self.report))
+        return audit_doc(self.report)
 
     def to_markdown(self) -> str:
         from ckptinspect.render.markdown import audit_markdown
@@ -133,14 +228,20 @@ class AuditResult(_Document):
 
         return findings_junit(self.report.path, list(self.deciding_findings))
 
-    def exit_code(self, fail_on: FailOn = "error") -> int:
-        return _exit(self.deciding_findings, fail_on)
+
+class DiffVerdict(StrEnum):
+    """`DiffResult.verdict`."""
+
+    BLOCKING = "blocking"  # a resume or comparison would break
+    DIFFERENT = "different"  # differences, none blocking
+    IDENTICAL = "identical"
 
 
 @dataclass(frozen=True, slots=True)
-class DiffResult(_Document):
+class DiffResult(_Result):
     """`diff A B`: `blocking` (a resume or comparison would break), and `report` (args, tensors, objects, values)."""
 
+    COMMAND = "diff"
     report: _Diff
 
     @property
@@ -152,16 +253,12 @@ class DiffResult(_Document):
         return self.report.identical
 
     @property
-    def verdict(self) -> str:
-        """"blocking", "different" or "identical"."""
-        return "blocking" if self.blocking else "identical" if self.identical else "different"
+    def verdict(self) -> DiffVerdict:
+        return DiffVerdict.BLOCKING if self.blocking else DiffVerdict.IDENTICAL if self.identical \
+            else DiffVerdict.DIFFERENT
 
-    @property
-    def findings(self) -> tuple[Finding, ...]:
-        return ()
-
-    def to_json(self) -> str:
-        return _doc("diff", self.report.to_dict())
+    def _body(self) -> dict[str, Any]:
+        return self.report.to_dict()
 
     def exit_code(self, fail_on: FailOn = "error") -> int:
         """1 for a blocking difference (0 with `fail_on="never"`), as `ckptinspect diff`."""
@@ -169,21 +266,18 @@ class DiffResult(_Document):
 
 
 @dataclass(frozen=True, slots=True)
-class ResumeResult(_Document):
+class ResumeResult(_Result):
     """`resume CKPT --tp N --pp N ...`: `verdict` (ok / lossy / fails) and `report` (components, rules, vocab)."""
 
+    COMMAND = "resume"
     report: ResumePrediction
 
     @property
     def verdict(self) -> Verdict:
         return self.report.verdict
 
-    @property
-    def findings(self) -> tuple[Finding, ...]:
-        return ()
-
-    def to_json(self) -> str:
-        return _doc("resume", self.report.to_dict())
+    def _body(self) -> dict[str, Any]:
+        return self.report.to_dict()
 
     def exit_code(self, fail_on: FailOn = "error") -> int:
         """1 when the resume fails (0 with `fail_on="never"`), as `ckptinspect resume`."""
@@ -194,89 +288,58 @@ class ResumeResult(_Document):
 
 
 @dataclass(frozen=True, slots=True)
-class ManifestResult(_Document):
+class ManifestResult(_ReportResult["ManifestReport"]):
     """`manifest verify` (or `merge`): `status`, findings, and `report` (files checked, bytes hashed, per file)."""
 
+    COMMAND = "manifest verify"
     report: ManifestReport
     command: str = "manifest verify"
 
-    @property
-    def status(self) -> Status:
-        return self.report.status
-
-    @property
-    def findings(self) -> tuple[Finding, ...]:
-        return self.report.findings
-
-    def to_json(self) -> str:
-        return _doc(self.command, self.report.to_dict())
+    def _command(self) -> str:
+        return self.command
 
     def to_junit(self) -> str:
         from ckptinspect.render.junit import findings_junit
 
         return findings_junit(self.command, list(self.findings))
 
-    def exit_code(self, fail_on: FailOn = "error") -> int:
-        return _exit(self.findings, fail_on)
-
 
 @dataclass(frozen=True, slots=True)
-class WrittenManifestResult(_Document):
+class WrittenManifestResult(_Result):
     """`manifest write`: where the manifest went and what it lists (`written`)."""
 
+    COMMAND = "manifest write"
     written: WrittenManifest
     path: str
 
-    @property
-    def findings(self) -> tuple[Finding, ...]:
-        return ()
-
-    def to_json(self) -> str:
+    def _body(self) -> dict[str, Any]:
         w = self.written
-        return _doc("manifest write", {"path": self.path, "manifest": w.path, "files": dict(w.files),
-                                       "bytes_hashed": w.bytes_hashed})
-
-    def exit_code(self, fail_on: FailOn = "error") -> int:
-        return EXIT_OK
+        return {"path": self.path, "manifest": w.path, "files": dict(w.files), "bytes_hashed": w.bytes_hashed}
 
 
 @dataclass(frozen=True, slots=True)
-class ScanResult(_Document):
+class ScanResult(_ReportResult["ScanReport"]):
     """`scan PATH`: `status`, findings, and `report` (every pickle found, with its globals)."""
 
+    COMMAND = "scan"
     report: ScanReport
-
-    @property
-    def status(self) -> Status:
-        return self.report.status
-
-    @property
-    def findings(self) -> tuple[Finding, ...]:
-        return self.report.findings
-
-    def to_json(self) -> str:
-        return _doc("scan", self.report.to_dict())
-
-    def exit_code(self, fail_on: FailOn = "error") -> int:
-        return _exit(self.findings, fail_on)
 
 
 @dataclass(frozen=True, slots=True)
-class CoverageResult(_Document):
+class CoverageResult(_ReportResult["CoverageReport"]):
     """`coverage CKPT [KEY...]`: `status`, findings, and `report` (per-tensor coverage, the picture of one tensor)."""
 
+    COMMAND = "coverage"
     report: CoverageReport
 
-    @property
-    def status(self) -> Status:
-        return self.report.status
 
-    @property
-    def findings(self) -> tuple[Finding, ...]:
-        return self.report.findings
+@dataclass(frozen=True, slots=True)
+class EstimateResult(_Result):
+    """`estimate ...`: what a save will cost (`estimate`: size by component, bytes per rank, files, stall seconds,
+    async host memory). It has no findings: the exit code is 0."""
 
-    def to_json(self) -> str:
-        return _doc("coverage", self.report.to_dict())
+    COMMAND = "estimate"
+    estimate: Estimate
 
-    def exit_code(self, fail_on: FailOn = "error") -> int:
-        return _exit(self.findings, fail_on)
+    def _body(self) -> dict[str, Any]:
+        return self.estimate.to_dict()

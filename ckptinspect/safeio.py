@@ -25,16 +25,18 @@ class NotRegularFile(OSError):
 Window = tuple[int, int] | Sequence[tuple[int, int]]
 
 
-def open_regular(path: str | os.PathLike[str], buffering: int = -1, window: Window | None = None) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str], buffering: int = -1, window: Window | None = None,
+                 whole: bool = False) -> BinaryIO:
     """Open a regular file for binary reading (symlinks followed); the one safe open of the package.
 
     Raises `NotRegularFile` (an `OSError`) for anything but a regular file, `OSError` when it cannot be opened.
     `buffering=0` gives the raw file (for `readinto` loops that bring their own buffer).
     `window`: the (offset, length) range(s) the caller will read (stored items); an object-storage reader
-    coalesces them and never prefetches past them. Local files ignore it.
+    coalesces them and never prefetches past them. Local files ignore it. `whole`: the caller reads the whole
+    file from the start (an object is then fetched in the largest blocks from the first read).
     """
     if isinstance(path, ObjectPath):
-        return cast(BinaryIO, path.open_reader(window))
+        return cast(BinaryIO, path.open_reader(window, whole))
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conftest import SAMPLES
-from corpus import SOURCES, Case, Ctx, _mutated, copy_source, edit_metadata
+from corpus_kit import SOURCES, Case, Ctx, _mutated, copy_source, edit_metadata
 
 LAYOUT_SAMPLES = ("moe_ep2", "moe_tp2_ep2", "vpp", "vpp_fully", "cp2", "swiglu_bf16", "legacy_ep2",
                   "legacy_pp2_ep2", "legacy_vpp")

@@ -13,8 +13,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from corpus import (Case, Ctx, Hostile, append_item, copy_source, drop_object, edit_metadata, rename_object,
-                    torch_bytes, truncate)
+from corpus_kit import (Case, Ctx, Hostile, append_item, copy_source, drop_object, edit_metadata, rename_object,
+                        torch_bytes, truncate)
 
 BRIDGE, NEMO, NVRX, TITAN, TD = ("bridge",), ("nemo2",), ("nvrx_local",), ("torchtitan",), ("torch_dist",)
 FSDP, FSDP_ITER = ("megatron_fsdp",), "iter_0000001"

@@ -102,6 +102,7 @@ class FaultProxy:
         self.requests = 0  # forwarded requests and the response bytes sent back (benchmarks count with these)
         self.bytes_out = 0
         self._pattern_hook: Any = None
+        self.log: list[tuple[str, str, int]] | None = None  # (method, path, response bytes) when a list is set
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -122,8 +123,11 @@ class FaultProxy:
                     self.close_connection = True
                     return
                 if action is not None:
-                    msg = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-                    self.send_response(503)
+                    status = 403 if action[0] == "403" else 503
+                    msg = (b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+                           if status == 403 else
+                           b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>")
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(msg)))
                     self.end_headers()
@@ -148,6 +152,8 @@ class FaultProxy:
                 with proxy._lock:
                     proxy.requests += 1
                     proxy.bytes_out += len(data)
+                    if proxy.log is not None:
+                        proxy.log.append((self.command, self.path, len(data)))
                 conn.close()
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
@@ -175,6 +181,11 @@ class FaultProxy:
     def fail(self, pattern: str, n: int) -> None:
         with self._lock:
             self._rules.append([pattern, n, "503", 0.0])
+
+    def deny(self, pattern: str, n: int) -> None:
+        """The next `n` matching requests answer 403 AccessDenied (a policy that does not allow them)."""
+        with self._lock:
+            self._rules.append([pattern, n, "403", 0.0])
 
     def stall(self, pattern: str, n: int, seconds: float) -> None:
         with self._lock:

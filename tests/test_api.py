@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_ckpts"
 
 PUBLIC = {
-    "__version__", "sniff", "read", "audit", "diff", "resume", "coverage", "verify_manifest", "write_manifest",
-    "merge_manifest_reports", "scan", "Status", "Severity", "Finding", "FailOn", "SniffResult", "AuditResult",
-    "DiffResult", "ResumeResult", "CoverageResult", "ManifestResult", "WrittenManifestResult", "ScanResult",
-    "CkptInspectError", "UsageError", "BrokenSaveDir",
+    "__version__", "sniff", "read", "ls", "info", "audit", "diff", "resume", "coverage", "verify_manifest",
+    "write_manifest", "merge_manifest_reports", "scan", "estimate", "Status", "Severity", "Finding", "FailOn",
+    "GptDescription", "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult",
+    "CoverageResult", "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult", "CkptInspectError",
+    "UsageError", "BrokenSaveDir",
 }
 
 
@@ -82,6 +83,8 @@ def _same(result: Any, cli_args: tuple[str, ...], fail_ons: tuple[str, ...] = ("
 FAIL_ONS = ("error", "warning", "never")
 CASES: list[tuple[str, Callable[[Path], Any], Callable[[Path], tuple[str, ...]], tuple[str, ...]]] = [
     ("sniff", lambda p: ckptinspect.sniff(p), lambda p: ("sniff", str(p)), ("error",)),
+    ("ls", lambda p: ckptinspect.ls(p), lambda p: ("ls", str(p)), FAIL_ONS),
+    ("info", lambda p: ckptinspect.info(p), lambda p: ("info", str(p)), FAIL_ONS),
     ("audit", lambda p: ckptinspect.audit(p), lambda p: ("audit", str(p)), FAIL_ONS),
     ("audit-all", lambda p: ckptinspect.audit(p, all_iterations=True, ignore=("CK4",)),
      lambda p: ("audit", str(p), "--all", "--ignore", "CK4"), FAIL_ONS),
@@ -129,3 +132,41 @@ def test_write_manifest_and_verify_with_select(tmp_path: Path) -> None:
                   "--ignore", "CK402"))
     only = ckptinspect.verify_manifest(ckpt, tmp_path / "m.json", select=("CK401",))
     assert {f.code for f in only.findings} == {"CK401"}
+
+
+SAMPLE_DIRS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("sample", SAMPLE_DIRS)
+def test_ls_info_estimate_equal_cli_on_every_sample(sample: str) -> None:
+    """`ls`, `info` and `estimate --from` on every bundled sample: the API's document and exit code are the CLI's."""
+    p = SAMPLES / sample
+    ls = ckptinspect.ls(p)
+    assert isinstance(ls, ckptinspect.LsResult) and ls.iterations
+    _same(ls, ("ls", str(p)), ("error", "warning"))
+    info = ckptinspect.info(p)
+    assert isinstance(info, ckptinspect.InfoResult) and info.findings == info.checkpoint.findings
+    _same(info, ("info", str(p)), ("error", "warning"))
+    try:
+        est = ckptinspect.estimate(checkpoint=p, dp=4)
+    except ckptinspect.UsageError:  # not a torch_dist checkpoint: the CLI's exit 2
+        assert CliRunner().invoke(app, ["estimate", "--from", str(p), "--dp", "4"]).exit_code == 2
+        return
+    assert est.findings == () and est.exit_code() == 0
+    _same(est, ("estimate", "--from", str(p), "--dp", "4"))
+
+
+def test_estimate_quick_and_described_forms_equal_cli() -> None:
+    quick = ckptinspect.estimate(params=7.5e9, tp=2, pp=2, dp=64, format="torch_dist", fully_parallel=True)
+    _same(quick, ("estimate", "--params", "7.5e9", "--tp", "2", "--pp", "2", "--dp", "64", "--format", "torch_dist",
+                  "--fully-parallel"))
+    assert quick.estimate.params == 7_500_000_000
+    d = ckptinspect.GptDescription(layers=4, hidden=64, heads=4, vocab=1000, swiglu=True, experts=4)
+    described = ckptinspect.estimate(description=d, tp=2, ep=2, dp=2, format="torch", optimizer="sgd")
+    _same(described, ("estimate", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "1000", "--swiglu",
+                      "--experts", "4", "--tp", "2", "--ep", "2", "--dp", "2", "--format", "torch", "--optimizer",
+                      "sgd"))
+    for bad in ({"params": 1e9, "format": "hdf5"}, {"params": 1e9, "write_bw": 0.0}, {},
+                {"params": 1e9, "optim_sharding": "zero3"}):
+        with pytest.raises(ckptinspect.UsageError):
+            ckptinspect.estimate(**bad)  # type: ignore[arg-type]

@@ -30,7 +30,8 @@ from typer.testing import CliRunner
 from ckptinspect.cli.scan_cmd import register
 from ckptinspect.findings import Status
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
-from ckptinspect.capabilities.scan.scan import ScanReport, scan_path, scan_stored_items, stored_items
+from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.checks.safety_scan import ScanReport, scan_stored_items, stored_items
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = Path(os.environ.get("CKPTINSPECT_SAMPLES", REPO / "sample_ckpts"))

@@ -35,16 +35,7 @@ def _in_ci_run(case: Case) -> bool:
     return bool(os.environ.get("CKPTINSPECT_STORAGE_FULL")) or "--deep" not in case.flags
 
 
-# Known gaps from a bucket, found at the last merge (strict: a fix makes these fail until the mark is removed).
-KNOWN_REMOTE_GAPS = {
-    "zarr_broken_zarray": "the zarr backend reader lists and opens local paths only",
-    "storage_item_outside_dir": "a `../` relative_path is not resolved against the bucket prefix the same way",
-}
-STORAGE_CASES = [
-    pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_REMOTE_GAPS[c.name], strict=True))
-    if c.name in KNOWN_REMOTE_GAPS else c
-    for c in CASES if c.name not in NOT_IN_OBJECT_STORAGE and _in_ci_run(c)
-]
+STORAGE_CASES = [c for c in CASES if c.name not in NOT_IN_OBJECT_STORAGE and _in_ci_run(c)]
 
 
 def audit(target: str, flags: tuple[str, ...]) -> tuple[int, dict[str, Any], str]:
@@ -66,14 +57,15 @@ def verdict(doc: dict[str, Any], root: str) -> tuple[str, list[tuple[str, str | 
 
 
 MSC_CASES = re.compile(r"^(ok_|hostile_(metadata|common_pt|rng_item)$|truncated_distcp$|deleted_distcp$|"
-                       r"garbage_item_deep|manifest_byte_flip|legacy_truncated_pt|no_metadata_json)")
+                       r"garbage_item_deep|manifest_byte_flip|legacy_truncated_pt|no_metadata_json|zarr_broken_zarray$|"
+                       r"storage_item_outside_dir$)")
 
 
 def _msc_too(case: Case) -> bool:
     return bool(os.environ.get("CKPTINSPECT_STORAGE_FULL")) or bool(MSC_CASES.match(case.name))
 
 
-@pytest.mark.parametrize("case", STORAGE_CASES, ids=[getattr(c, "values", (c,))[0].name for c in STORAGE_CASES])
+@pytest.mark.parametrize("case", STORAGE_CASES, ids=[c.name for c in STORAGE_CASES])
 def test_same_verdict_from_object_storage(case: Case, tmp_path: Path, s3_server: S3Server) -> None:  # noqa: F811
     for source in case.sources:
         if (reason := missing_source(source)) is not None:

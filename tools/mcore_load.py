@@ -189,6 +189,8 @@ def _build(cfg: dict):
 
     _mcore_cpu._patch_megatron_rng()
     _mcore_cpu._patch_distopt_step_for_torch_adam()
+    if _mcore_cpu.mcore_release() < (0, 16, 0):  # the same CPU care as the writer (torch AdamW's 0-dim `step`)
+        _mcore_cpu._patch_distopt_state_without_step()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -237,6 +239,23 @@ def _build(cfg: dict):
     return model, optimizer
 
 
+def _record(path: str, res: dict, cases: list, a: argparse.Namespace) -> None:
+    """Merge `res` into the record at `path`: which release loaded which sample, and how it went."""
+    import platform
+
+    import megatron.core
+    import torch
+
+    rec = json.load(open(path)) if os.path.exists(path) else {}
+    for cid, ckpt, optim in cases:
+        rec[cid] = {"checkpoint": os.path.relpath(os.path.abspath(ckpt)), "load_optim": optim,
+                    "megatron_core": megatron.core.__version__, "torch": torch.__version__,
+                    "python": platform.python_version(), "topology": {"tp": a.tp, "pp": a.pp, "dp": a.dp},
+                    **res[cid]}
+    with open(path, "w") as f:
+        f.write(json.dumps(dict(sorted(rec.items())), indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for k in ("tp", "pp", "dp"):
@@ -249,6 +268,8 @@ def main(argv=None) -> int:
     p.add_argument("--case", action="append", required=True,
                    help="ID=CKPT_DIR:optim|model (repeatable)")
     p.add_argument("--out", help="write the JSON result here (default: stdout)")
+    p.add_argument("--record", help="merge the outcomes into this JSON record (e.g. sample_ckpts/own_release_loads.json),"
+                   " one entry per case id, with the megatron-core / torch / Python that loaded it")
     p.add_argument("--timeout", type=float, default=600.0)
     a = p.parse_args(argv)
     cases = []
@@ -259,6 +280,8 @@ def main(argv=None) -> int:
     model = {"layers": a.layers, "hidden": a.hidden, "heads": a.heads,
              "padded_vocab_size": a.padded_vocab_size, "seq_length": a.seq_length}
     res = load_cases(cases, a.tp, a.pp, a.dp, model, a.timeout)
+    if a.record:
+        _record(a.record, res, cases, a)
     text = json.dumps(res, indent=1)
     if a.out:
         with open(a.out, "w") as f:

@@ -1,8 +1,8 @@
 """Integrity check: verify the checkpoint's SHA-256 manifest (`integrity.json`, or `--manifest FILE`).
 
 `audit` is metadata-level by default: the manifest is checked without reading file contents (listed files present,
-unlisted files, staleness); `--hash` (or `--deep`) hashes every listed byte. A thin adapter over `ckptinspect.capabilities.manifest.manifest.verify_manifest` for `audit`: findings CK400–CK404. Only checkpoint dirs
-have a manifest (Megatron-Core ≥0.17.1 writes `integrity.json` next to `.metadata`); a checkpoint that is a single
+unlisted files, staleness); `--hash` (or `--deep`) hashes every listed byte. A thin adapter over `integrity_verify.verify_manifest` (which
+`manifest verify` shares) for `audit`: findings CK400–CK404. Only checkpoint dirs have a manifest (Megatron-Core ≥0.17.1 writes `integrity.json` next to `.metadata`); a checkpoint that is a single
 file yields nothing.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
-from ckptinspect.capabilities.manifest.manifest import verify_manifest
+from ckptinspect.checks.integrity_verify import verify_manifest
 from ckptinspect.model import Checkpoint
 from ckptinspect.storage import location
 

@@ -1,7 +1,7 @@
 """Pickle safety of the stored items inside `.distcp` files (byte items and tensor archives).
 
 The readers already report what `.metadata`, `common.pt`, the common-state item and legacy `.pt` files reference
-(CK601 / CK602). This check walks the opcodes of every other stored item's pickles (`scan.scan_stored_items`: no
+(CK601 / CK602). This check walks the opcodes of every other stored item's pickles (`safety_scan.scan_stored_items`: no
 object is built, nothing is executed) and reports the same codes, plus CK603 for pickles past the resource bounds.
 A giant checkpoint holds millions of tensor archives: without `--deep` only the byte items (rng state, extra state,
 optimizer misc — where a hostile payload would hide) are walked, up to `MAX_ITEMS`; `--deep` and `scan` walk all.
@@ -16,7 +16,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats.torch_dist import COMMON_STATE_KEY
 from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.capabilities.scan.scan import scan_stored_items, stored_items
+from ckptinspect.checks.safety_scan import scan_stored_items, stored_items
 
 MAX_ITEMS = 20_000
 

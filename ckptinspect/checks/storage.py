@@ -20,7 +20,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.checks.columns import chunk_tensor_ids
 from ckptinspect.formats._files import ItemFiles
 from ckptinspect.storage import location
-from ckptinspect.model import Checkpoint, Format, StoredItem, dtype_size
+from ckptinspect.model import Checkpoint, Format, ShardedBackend, StoredItem, dtype_size
 from ckptinspect.safeio import leaves_dir
 
 MAX_LISTED = 5
@@ -156,7 +156,7 @@ def _size_outside_listing(root: Path, name: str) -> int | None:
 def _deep(ckpt: Checkpoint, ctx: CheckContext, sizes: dict[str, int | None]) -> Iterator[Finding]:
     """Read every stored item, file by file in offset order: one open handle per `.distcp` file, sequential reads.
     zarr chunk files are raw array bytes, not torch archives: only their length is checked (CK201/CK202 above)."""
-    zarr = ckpt.extra.get("sharded_backend") == "zarr"
+    zarr = ckpt.sharded_backend is ShardedBackend.ZARR
 
     def readable(item: StoredItem, dtype: str | None) -> bool:
         size = sizes.get(item.file)

@@ -12,6 +12,7 @@ from ckptinspect.formats.savedir import (
     TRACKER,
     IterationDir,
     SaveDir,
+    SaveStyle,
     read_tracker,
     tracked_missing,
     tracker_unparseable,
@@ -32,7 +33,7 @@ def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[F
                       "first); Bridge resumes from the step in latest_train_state.pt", "latest_train_state.pt", label,
                       {"train_state_step": save.bridge_step, "tracker": tracker.iteration})
     if not tracker.exists:
-        if save.style == "megatron":
+        if save.style is SaveStyle.MEGATRON:
             yield Finding("CK501", f"no {TRACKER}: a resume picks nothing unless told (--ckpt-step)", TRACKER, label)
             return
         # torchtitan / NeMo 2 / NVRx keep no tracker: the stack loads the newest complete one, the rest are leftovers
@@ -70,7 +71,7 @@ def _non_persistent(save: SaveDir, label: str) -> Iterator[Finding]:
     """Megatron `--non-persistent-ckpt-type global` keeps `{save}/non_persistent/` with its own tracker and resumes
     from it when its iteration is at least the persistent tracker's (training/checkpointing.py load_checkpoint)."""
     np_dir = save.path / "non_persistent"
-    if save.style != "megatron" or not np_dir.is_dir():
+    if save.style is not SaveStyle.MEGATRON or not np_dir.is_dir():
         return
     np_tracker = read_tracker(np_dir)
     it = np_tracker.iteration if np_tracker.error is None else None

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ckptinspect import __version__
+from ckptinspect._version import __version__
 from ckptinspect.cli.shell import (
     EXIT_OK,
     DebugOpt,
@@ -21,7 +21,6 @@ from ckptinspect.cli.shell import (
     SelectOpt,
     emit_raw,
     emit_text,
-    exit_for,
     guarded,
     json_command,
     location_arg,
@@ -92,19 +91,17 @@ def ls_cmd(
     """Every iteration dir: format, status, size, file count, which one the tracker names."""
 
     def body() -> int:
-        from ckptinspect.capabilities.audit.audit import list_save_dir
+        from ckptinspect.api import ls as do_ls
 
         only(output, (Output.TEXT, Output.JSON))
-        listing = list_save_dir(path, str(path))
+        r = do_ls(path)
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, ls_doc
-
-            emit_raw(dumps(ls_doc(listing)))
+            emit_raw(r.to_json())
         else:
             from ckptinspect.render.text import render_ls
 
-            emit_text(render_ls(listing))
-        return exit_for(list(listing.findings), fail_on)
+            emit_text(render_ls(r.report))
+        return r.exit_code(fail_on.severity)
 
     guarded(debug, body)
 
@@ -120,25 +117,21 @@ def info(
     """Summary (format, iteration, topology, optimizer sharding, bytes) and the tensor / object table."""
 
     def body() -> int:
-        from ckptinspect.api import read
-        from ckptinspect.capabilities.audit.summary import summarize
+        from ckptinspect.api import info as do_info
 
         only(output, (Output.TEXT, Output.JSON))
-        ckpt = read(path)
-        s = summarize(ckpt)
+        r = do_info(path)
         if csv is not None:
             from ckptinspect.render.frames import write_tensor_csv
 
-            write_tensor_csv(ckpt, csv)
+            write_tensor_csv(r.checkpoint, csv)
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, info_doc
-
-            emit_raw(dumps(info_doc(ckpt, s)))
+            emit_raw(r.to_json())
         else:
             from ckptinspect.render.text import render_info
 
-            emit_text(render_info(ckpt, s))
-        return exit_for(list(ckpt.findings), fail_on)
+            emit_text(render_info(r.checkpoint, r.summary))
+        return r.exit_code(fail_on.severity)
 
     guarded(debug, body, json_command(output, "info"))
 

@@ -1,6 +1,6 @@
 """`ckptinspect estimate`: what a save will cost before the job runs (`register(app)` adds it to the typer app).
 
-Thin shell over `ckptinspect.capabilities.estimate.request.run`: parse options into an `EstimateRequest`, run, render
+Thin shell over `ckptinspect.api.estimate`: parse options (a description into a `GptDescription`), call it, render
 (text / json, and `--svg FILE` for the per-rank write-volume chart). Exit 0; 2 for options that cannot describe a job.
 """
 
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ckptinspect.cli.shell import EXIT_OK, DebugOpt, Output, OutputOpt, emit_raw, emit_text, guarded, only
+from ckptinspect.cli.shell import DebugOpt, Output, OutputOpt, emit_raw, emit_text, guarded, only
 
 Int = Optional[int]
 
@@ -105,14 +105,11 @@ def estimate(  # noqa: PLR0913 - one option per knob of the arithmetic, as the i
     """
 
     def body() -> int:
-        from ckptinspect.errors import UsageError
-        from ckptinspect.capabilities.estimate import Bandwidths, Optimizer, OptimSharding, SaveFormat
+        from ckptinspect.api import estimate as do_estimate
         from ckptinspect.capabilities.estimate.describe import GptDescription
-        from ckptinspect.capabilities.estimate.request import EstimateRequest, SaveArgs, TargetArgs, run
+        from ckptinspect.errors import UsageError
 
         only(output, (Output.TEXT, Output.JSON))
-        if min(write_bw, aggregate_bw, d2h_bw) <= 0:
-            raise UsageError("--write-bw, --aggregate-bw and --d2h-bw must be positive")
         description = None
         if any(v is not None for v in (layers, hidden, heads, vocab)):
             if layers is None or hidden is None or heads is None or vocab is None:
@@ -122,27 +119,22 @@ def estimate(  # noqa: PLR0913 - one option per knob of the arithmetic, as the i
                 kv_channels=kv_channels, make_vocab_size_divisible_by=vocab_divisible_by, swiglu=swiglu,
                 tied_embeddings=tied, layernorm=not rmsnorm, bias=bias, learned_positions=max_position,
                 experts=experts, moe_ffn_hidden=moe_ffn_hidden, moe_layer_freq=moe_layer_freq)
-        req = EstimateRequest(
-            params=params, dtype=dtype, description=description, from_path=from_,
-            target=TargetArgs(tp, pp, dp, ep, etp, cp, vpp, gpus_per_node),
-            save=SaveArgs(SaveFormat(fmt.value), fully_parallel, async_save, distopt,
-                          Optimizer(optimizer.value) if optimizer else None,
-                          OptimSharding(optim_sharding.value) if optim_sharding else None, files_per_rank),
-            bandwidths=Bandwidths(write_bw * 1e9, aggregate_bw * 1e9, d2h_bw * 1e9),
-        )
-        e = run(req)
+        r = do_estimate(
+            params=params, description=description, checkpoint=from_, dtype=dtype, tp=tp, pp=pp, dp=dp, ep=ep,
+            etp=etp, cp=cp, vpp=vpp, gpus_per_node=gpus_per_node, format=fmt.value, fully_parallel=fully_parallel,
+            async_save=async_save, distributed_optimizer=distopt, optimizer=optimizer.value if optimizer else None,
+            optim_sharding=optim_sharding.value if optim_sharding else None, files_per_rank=files_per_rank,
+            write_bw=write_bw, aggregate_bw=aggregate_bw, d2h_bw=d2h_bw)
         if svg is not None:
             from ckptinspect.render.estimate_svg import estimate_svg
 
-            svg.write_text(estimate_svg(e), encoding="utf-8")
+            svg.write_text(estimate_svg(r.estimate), encoding="utf-8")
         if output is Output.JSON:
-            from ckptinspect.render.json_doc import dumps, envelope
-
-            emit_raw(dumps(envelope("estimate", e.to_dict())))
+            emit_raw(r.to_json())
         else:
             from ckptinspect.render.estimate_text import render_estimate
 
-            emit_text(render_estimate(e))
-        return EXIT_OK
+            emit_text(render_estimate(r.estimate))
+        return r.exit_code()
 
     guarded(debug, body)

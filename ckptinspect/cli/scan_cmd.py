@@ -26,9 +26,8 @@ from ckptinspect.cli.shell import (
     emit_text,
     guarded,
     parse_location,
-    usage_exit,
 )
-from ckptinspect.capabilities.scan.scan import ScanReport
+from ckptinspect.checks.safety_scan import ScanReport
 
 MAX_ROWS = 100
 
@@ -39,7 +38,7 @@ def register(app: typer.Typer) -> None:
 
 
 def scan(
-    path: Annotated[Path, typer.Argument(help="a save dir, one checkpoint, or one pickle file (local; file://)",
+    path: Annotated[Path, typer.Argument(help="a save dir, one checkpoint, or one pickle file (a path or a URL)",
                                          parser=parse_location)],
     output: OutputOpt = Output.TEXT,
     fail_on: FailOnOpt = FailOn.ERROR,
@@ -51,11 +50,6 @@ def scan(
 
     def body() -> int:
         from ckptinspect.api import scan as do_scan
-        from ckptinspect.storage.objpath import ObjectPath
-
-        if isinstance(path, ObjectPath):  # its tree walk is local; `audit` scans the same pickles from a bucket
-            usage_exit(f"{path}: scan reads local paths only; `ckptinspect audit {path}` runs the same pickle "
-                       "checks on a checkpoint in object storage")
         r = do_scan(path, select=select or (), ignore=ignore or ())
         report = r.report
         if output is Output.JSON:

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from ckptinspect.progress import ProgressHook
 from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
-from ckptinspect.findings import Finding, Severity, exceeds
+from ckptinspect.findings import Finding, Severity
 
 
 class Output(str, enum.Enum):
@@ -106,10 +106,6 @@ def emit_text(renderable: RenderableType) -> None:
 def emit_raw(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
-
-
-def exit_for(findings: list[Finding], fail_on: FailOn) -> int:
-    return EXIT_FINDINGS if exceeds(findings, fail_on.severity) else EXIT_OK
 
 
 def usage_exit(message: str) -> NoReturn:

@@ -18,7 +18,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats.dcp import read_dcp
 from ckptinspect.formats.legacy import read_legacy
 from ckptinspect.formats.nvrx_local import LOCAL_FILE, find_local_root, read_nvrx_local, virtual_iteration
-from ckptinspect.formats.sniff import CheckpointSniff, sniff_checkpoint
+from ckptinspect.formats.sniff import CheckpointSniff, SniffState, sniff_checkpoint
 from ckptinspect.formats.stacks import enrich, outer_layout
 from ckptinspect.formats.torch_dist import read_torch_dist
 from ckptinspect.model import Checkpoint, Format
@@ -80,15 +80,16 @@ def read_checkpoint(path: Path, label: str, megatron_context: bool = False) -> C
     layout = outer_layout(path)
     payload = layout.payload if layout is not None else path
     sniff = sniff_checkpoint(payload, megatron_context or layout is not None)
-    return enrich(read_sniffed(payload, label, sniff), path, label, layout)
+    return enrich(read_sniffed(payload, label, sniff), path, label, layout,
+                  payload_complete=sniff.state is SniffState.COMPLETE)
 
 
 def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     state_findings: tuple[Finding, ...] = ()
-    if sniff.state != "complete":
+    if sniff.state is not SniffState.COMPLETE:
         subject = {"CK101": "metadata.json", "CK103": ".metadata.tmp"}.get(sniff.state, ".metadata")
         state_findings = (
-            Finding(sniff.state, _HALF_WRITTEN_MESSAGES[sniff.state], None if sniff.state == "CK100" else subject,
+            Finding(sniff.state.value, _HALF_WRITTEN_MESSAGES[sniff.state], None if sniff.state is SniffState.CK100 else subject,
                     label, {"evidence": list(sniff.evidence)}),
         )
     if sniff.format is None:
@@ -97,6 +98,6 @@ def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     state_findings += storage_findings(path, label)
     extra = dict(ckpt.extra)
     extra["evidence"] = list(sniff.evidence)
-    extra["sniff_state"] = sniff.state
+    extra["sniff_state"] = sniff.state.value
     return replace(ckpt, generation=ckpt.generation or sniff.generation, findings=state_findings + ckpt.findings,
                    extra=extra)

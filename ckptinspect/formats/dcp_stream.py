@@ -122,7 +122,7 @@ def read_metadata_file(path: Path, report: PickleReport | None = None, keep: boo
     """Read the `.metadata` at `path` once per process: with `keep` (the sniff) the result is kept for the next
     caller of the same unchanged file (the reader), which takes it. Raises `OSError` / `ReadError`."""
     report = report if report is not None else PickleReport()
-    with open_regular(path) as f:
+    with open_regular(path, whole=True) as f:
         try:
             st = os.fstat(f.fileno())
             key: tuple[object, int, int, int] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

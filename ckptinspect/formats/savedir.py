@@ -12,13 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.findings import Finding
-from ckptinspect.model import Stack
+from ckptinspect.model import Stack, StrEnum
 from ckptinspect.safeio import open_regular
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MAX_TRACKER_BYTES = 4096
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 _STEP_DIR = re.compile(r"^step[-_](\d+)$")
+
+
+class SaveStyle(StrEnum):
+    """How a save dir names its checkpoints (`SaveDir.style`), which decides what a resume would load."""
+
+    MEGATRON = "megatron"  # iter_*/release + tracker
+    DCP = "dcp"  # step-N dirs only (torchtitan-style DCP runs)
+    NEMO2 = "nemo2"  # …step=N… dirs with weights/ + context/
+    NVRX = "nvrx"  # NVRx local checkpoint rank dirs
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +59,7 @@ class SaveDir:
     path: Path
     tracker: Tracker
     iterations: tuple[IterationDir, ...]
-    style: str  # "megatron" (iter_*/release + tracker), "dcp" (step-N), "nemo2" (…step=N… dirs), "nvrx"
+    style: SaveStyle
     stack: Stack | None = None
     style_evidence: str | None = None
     bridge_step: int | None = None  # `step` in Megatron-Bridge's latest_train_state.pt (read before the tracker)
@@ -79,14 +88,14 @@ class SaveDir:
         return self.iterations[-1] if self.iterations else None
 
 
-def _loadable(it: IterationDir, style: str) -> bool:
-    if style == "dcp":
+def _loadable(it: IterationDir, style: SaveStyle) -> bool:
+    if style is SaveStyle.DCP:
         return (it.path / ".metadata").is_file() or (it.path / "model.safetensors.index.json").is_file()
-    if style == "nemo2":
+    if style is SaveStyle.NEMO2:
         from ckptinspect.formats.stacks import unfinished_marker
 
         return not unfinished_marker(it.path).exists()
-    if style == "nvrx":
+    if style is SaveStyle.NVRX:
         from ckptinspect.formats.nvrx_local import find_local_root
 
         root = find_local_root(it.path.parent)
@@ -121,9 +130,9 @@ def read_tracker(path: Path) -> Tracker:
     return Tracker(True, raw, value, None)
 
 
-def iteration_dirs(path: Path) -> tuple[tuple[IterationDir, ...], str]:
+def iteration_dirs(path: Path) -> tuple[tuple[IterationDir, ...], SaveStyle]:
     out: list[IterationDir] = []
-    style = "megatron"
+    style = SaveStyle.MEGATRON
     try:
         entries = sorted(path.iterdir())
     except OSError:
@@ -144,7 +153,7 @@ def iteration_dirs(path: Path) -> tuple[tuple[IterationDir, ...], str]:
             out.append(IterationDir(p.name, int(m.group(1)), p))
             steps += 1
     if steps and steps == len(out):
-        style = "dcp"
+        style = SaveStyle.DCP
     out.sort(key=lambda i: (-1, "") if i.iteration == "release" else (int(i.iteration), i.name))
     return tuple(out), style
 
@@ -164,7 +173,7 @@ def looks_like_save_dir(path: Path) -> bool:
 _NEMO_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 
 
-def _stack_iterations(path: Path) -> tuple[tuple[IterationDir, ...], str, Stack, str] | None:
+def _stack_iterations(path: Path) -> tuple[tuple[IterationDir, ...], SaveStyle, Stack, str] | None:
     """NeMo 2 checkpoint dirs (`…-step=N-…` with `weights/`) or NVRx rank dirs, when there are no Megatron dirs."""
     from ckptinspect.formats.nvrx_local import find_local_root
     from ckptinspect.formats.stacks import is_nemo2_dir
@@ -172,7 +181,7 @@ def _stack_iterations(path: Path) -> tuple[tuple[IterationDir, ...], str, Stack,
     root = find_local_root(path)
     if root is not None:
         its = tuple(IterationDir(f"iter_{n:07d}", n, path / f"iter_{n:07d}") for n in root.iterations)
-        return its, "nvrx", Stack.NVRX_LOCAL, (f"NVRx local checkpoint root: rank dirs {', '.join(root.rank_dirs[:8])}"
+        return its, SaveStyle.NVRX, Stack.NVRX_LOCAL, (f"NVRx local checkpoint root: rank dirs {', '.join(root.rank_dirs[:8])}"
                                                f"{' ...' if len(root.rank_dirs) > 8 else ''}")
     try:
         subdirs = sorted(p for p in path.iterdir() if p.is_dir())
@@ -184,7 +193,7 @@ def _stack_iterations(path: Path) -> tuple[tuple[IterationDir, ...], str, Stack,
         its = tuple(IterationDir(f"{d.name}/iter_{n:07d}", n, d / f"iter_{n:07d}") for d, r in sessions
                     for n in r.iterations)
         its = tuple(sorted(its, key=lambda i: (int(i.iteration), i.name)))
-        return its, "nvrx", Stack.NVRX_LOCAL, ("NVRx local checkpoint root with session dir(s) "
+        return its, SaveStyle.NVRX, Stack.NVRX_LOCAL, ("NVRx local checkpoint root with session dir(s) "
                                                + ", ".join(d.name for d, _ in sessions[:8]))
     nemo = []
     for p in subdirs:
@@ -195,7 +204,7 @@ def _stack_iterations(path: Path) -> tuple[tuple[IterationDir, ...], str, Stack,
         return None
     # `-last` copies sort after the step checkpoint of the same step (NeMo ModelCheckpoint save_last)
     nemo.sort(key=lambda i: (int(i.iteration), i.name.endswith("-last"), i.name))
-    return tuple(nemo), "nemo2", Stack.NEMO2, "NeMo 2 checkpoints dir (…step=N… dirs with weights/ + context/)"
+    return tuple(nemo), SaveStyle.NEMO2, Stack.NEMO2, "NeMo 2 checkpoints dir (…step=N… dirs with weights/ + context/)"
 
 
 def read_save_dir(path: Path) -> SaveDir:

@@ -17,12 +17,26 @@ from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_generation
 from ckptinspect.formats.legacy import is_legacy_dir
 from ckptinspect.formats.nvrx_local import LOCAL_FILE
-from ckptinspect.formats.savedir import TRACKER, looks_like_save_dir
+from ckptinspect.formats.savedir import TRACKER, SaveStyle, looks_like_save_dir
 from ckptinspect.formats.stacks import classify_dcp_keys, outer_layout, unfinished_marker
-from ckptinspect.model import Format, Kind, Stack
+from ckptinspect.model import Format, Kind, Stack, StrEnum
 
 MAX_JSON_BYTES = 1 << 20  # metadata.json is ~120 bytes; a huge one is garbage, not worth reading
 FSDP_PREFIXES = ("model.module.", "optimizer.state.module.", "optimizer.param_to_group_meta.")
+
+
+class SniffState(StrEnum):
+    """Whether a checkpoint's markers say its save finished, or the code of what is half-written / missing."""
+
+    COMPLETE = "complete"
+    CK100 = "CK100"  # no known checkpoint format
+    CK101 = "CK101"  # .metadata without metadata.json: torch_dist save not finalized
+    CK102 = "CK102"  # data files without .metadata
+    CK103 = "CK103"  # .metadata.tmp: crash while writing .metadata
+    CK106 = "CK106"  # metadata.json present, .metadata lost
+    CK503 = "CK503"  # save dir: the tracker names a missing iteration
+    CK507 = "CK507"  # NeMo 2 `-unfinished` marker
+    CK513 = "CK513"  # NVRx local file still being written (.dirty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,13 +44,13 @@ class CheckpointSniff:
     """What one checkpoint dir is.
 
     format: None when unrecognized (CK100).
-    state: "complete" markers present, or the half-written code that applies ("CK101", "CK102", "CK103").
+    state: COMPLETE when the markers say the save finished, or the half-written code that applies.
     """
 
     format: Format | None
     evidence: tuple[str, ...]
     generation: str | None
-    state: str
+    state: SniffState
 
 
 def _has_data_files(path: Path) -> bool:
@@ -55,13 +69,13 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
     if path.is_file():
         if LOCAL_FILE.match(path.name):
             return CheckpointSniff(Format.NVRX_LOCAL, (f"{path.name}: an NVRx local checkpoint file "
-                                                       "(iter_N_R_local.pt)",), "nvidia-resiliency-ext", "complete")
+                                                       "(iter_N_R_local.pt)",), "nvidia-resiliency-ext", SniffState.COMPLETE)
         if path.suffix == ".pt":
             return CheckpointSniff(Format.TORCH, (f"{path.name}: a torch.save file (legacy per-rank format)",),
-                                   "megatron legacy torch", "complete")
+                                   "megatron legacy torch", SniffState.COMPLETE)
         if path.name == ".metadata":
             return sniff_checkpoint(path.parent, megatron_context)
-        return CheckpointSniff(None, (f"{path.name} is a file of no known checkpoint format",), None, "CK100")
+        return CheckpointSniff(None, (f"{path.name} is a file of no known checkpoint format",), None, SniffState.CK100)
     ev: list[str] = []
     mj = path / "metadata.json"
     if mj.exists():
@@ -81,7 +95,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             ev.append("metadata.json present but unreadable")
         if (path / "common.pt").exists():
             ev.append("common.pt present")
-        state = "complete"
+        state = SniffState.COMPLETE
         if gen is not None and isinstance(cfg, dict) and cfg.get("sharded_backend") == "zarr":
             gen = GEN_ZARR
             ev.append("zarr backend: one zarr array dir per tensor key, no .metadata (megatron-core <=0.15)")
@@ -90,21 +104,21 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             if finer.label is not None:
                 gen = finer.label
                 ev.extend(finer.evidence)
-        if state == "complete" and not (path / ".metadata").exists() and gen != GEN_ZARR:
+        if state is SniffState.COMPLETE and not (path / ".metadata").exists() and gen != GEN_ZARR:
             # metadata.json is written after .metadata: a missing .metadata here was lost, not never written.
-            state = "CK103" if (path / ".metadata.tmp").exists() else "CK106"
+            state = SniffState.CK103 if (path / ".metadata.tmp").exists() else SniffState.CK106
         return CheckpointSniff(Format.TORCH_DIST, tuple(ev), gen, state)
     if is_legacy_dir(path):
         ev.append("mp_rank_* shard dirs present")
-        return CheckpointSniff(Format.TORCH, tuple(ev), "megatron legacy torch", "complete")
+        return CheckpointSniff(Format.TORCH, tuple(ev), "megatron legacy torch", SniffState.COMPLETE)
     if (path / ".metadata").exists():
         ev.append(".metadata present, no metadata.json")
         fmt, markers = _dcp_or_unfinished(path)
         ev.extend(markers)
         if fmt is Format.TORCH_DIST:
             ev.append("Megatron markers without metadata.json: a torch_dist save that was not finalized")
-            return CheckpointSniff(Format.TORCH_DIST, tuple(ev), None, "CK101")
-        return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", "complete")
+            return CheckpointSniff(Format.TORCH_DIST, tuple(ev), None, SniffState.CK101)
+        return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
     tmp = (path / ".metadata.tmp").exists()
     data = _has_data_files(path)
     if tmp or data:
@@ -116,8 +130,8 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             ev.append("*.distcp data files present without .metadata")
         if (path / "common.pt").exists():
             ev.append("common.pt present")
-        return CheckpointSniff(fmt, tuple(ev), None, "CK103" if tmp else "CK102")
-    return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, "CK100")
+        return CheckpointSniff(fmt, tuple(ev), None, SniffState.CK103 if tmp else SniffState.CK102)
+    return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, SniffState.CK100)
 
 
 def _megatron_generation(path: Path, cfg: dict[str, object]) -> Generation:
@@ -163,7 +177,7 @@ def sniff_stacked(path: Path, megatron_context: bool = False) -> tuple[Checkpoin
         ev = (f"NVRx local checkpoint: {len(mine)} file(s) iter_{it:07d}_<rank>_local[.dirty].pt in "
               f"{len(root.rank_dirs)} rank dir(s) (nvidia-resiliency-ext LocalCheckpointManager)",)
         dirty = any(f.dirty for f in mine)
-        return CheckpointSniff(Format.NVRX_LOCAL, ev, "nvidia-resiliency-ext", "CK513" if dirty else "complete"), \
+        return CheckpointSniff(Format.NVRX_LOCAL, ev, "nvidia-resiliency-ext", SniffState.CK513 if dirty else SniffState.COMPLETE), \
             Stack.NVRX_LOCAL
     if path.is_file() and LOCAL_FILE.match(path.name):
         return sniff_checkpoint(path), Stack.NVRX_LOCAL
@@ -179,7 +193,7 @@ def sniff_stacked(path: Path, megatron_context: bool = False) -> tuple[Checkpoin
     s = sniff_checkpoint(layout.payload, True)
     state = s.state
     if layout.stack is Stack.NEMO2 and unfinished_marker(path).exists():
-        state = "CK507"
+        state = SniffState.CK507
     return CheckpointSniff(s.format, layout.evidence + s.evidence, s.generation, state), layout.stack
 
 
@@ -233,14 +247,14 @@ class SniffReport:
     format: Format | None
     evidence: tuple[str, ...]
     generation: str | None
-    state: str
+    state: SniffState
     checkpoint: str | None
     stack: Stack | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
             "path": self.path, "kind": self.kind.value, "format": self.format.value if self.format else None,
-            "evidence": list(self.evidence), "generation": self.generation, "state": self.state,
+            "evidence": list(self.evidence), "generation": self.generation, "state": self.state.value,
             "checkpoint": self.checkpoint, "stack": self.stack.value if self.stack else None,
         }
 
@@ -264,8 +278,8 @@ def sniff(path: Path, label: str | None = None) -> SniffReport:
               + (" ..." if len(save.iterations) > 6 else ""))
     pick = save.resume_pick()
     if pick is None:
-        return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, "CK503" if t.exists else "CK100", None)
-    s, stack = sniff_stacked(pick.path, save.style == "megatron")
+        return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, SniffState.CK503 if t.exists else SniffState.CK100, None)
+    s, stack = sniff_stacked(pick.path, save.style is SaveStyle.MEGATRON)
     if save.style_evidence:
         ev.insert(0, save.style_evidence)
     stack = stack or save.stack

@@ -102,8 +102,9 @@ def classify_dcp_keys(keys: Sequence[str]) -> tuple[Stack | None, str | None]:
     return None, None
 
 
-def enrich(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout | None) -> Checkpoint:
-    """Add the stack (evidence, facts, completeness findings) to a checkpoint read from its payload."""
+def enrich(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout | None, *, payload_complete: bool) -> Checkpoint:
+    """Add the stack (evidence, facts, completeness findings) to a checkpoint read from its payload.
+    `payload_complete`: the payload's markers say its save finished (sniff state complete)."""
     if layout is None:
         if ckpt.format in (Format.TORCH_DCP, Format.FSDP_DTENSOR):
             stack, why = classify_dcp_keys([t.key for t in ckpt.tensors] + [o.key for o in ckpt.objects])
@@ -114,7 +115,7 @@ def enrich(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout | None)
         return ckpt
     if layout.stack is Stack.NEMO2:
         return _nemo2(ckpt, path, label, layout)
-    return _bridge(ckpt, path, label, layout)
+    return _bridge(ckpt, path, label, layout, payload_complete)
 
 
 def _with(ckpt: Checkpoint, stack: Stack, evidence: tuple[str, ...], findings: Sequence[Finding],
@@ -154,10 +155,10 @@ def _nemo2(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout) -> Che
     return out
 
 
-def _bridge(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout) -> Checkpoint:
+def _bridge(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout, payload_complete: bool) -> Checkpoint:
     findings: list[Finding] = []
     extra_changes: dict[str, Any] = {}
-    complete_payload = ckpt.format is Format.TORCH_DIST and ckpt.extra.get("sniff_state") == "complete"
+    complete_payload = ckpt.format is Format.TORCH_DIST and payload_complete
     has_ts = (path / TRAIN_STATE).exists()
     has_rc = (path / RUN_CONFIG).exists()
     if complete_payload and not has_ts:

@@ -27,12 +27,12 @@ from ckptinspect.formats.dcp_metadata import DcpMetadata
 from ckptinspect.formats.generation import megatron_generation
 from ckptinspect.formats.zarr_dir import read_zarr_arrays
 from ckptinspect.formats.topology import topology_from
-from ckptinspect.model import Checkpoint, Format, frozen
+from ckptinspect.model import Checkpoint, Format, ShardedBackend, frozen
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
 COMMON_STATE_KEY = "common_state/shard_0_1"
-KNOWN_BACKENDS = frozenset({"torch_dist", "zarr", "fsdp_dtensor"})
+KNOWN_BACKENDS = frozenset(b.value for b in ShardedBackend)
 
 
 def read_metadata_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -89,7 +89,6 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     topology, layout = topology_from(args, md)
     generation = megatron_generation(config, common_source, md, common)
     extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source,
-                             "sharded_backend": config.get("sharded_backend") if config else None,
                              "generation_evidence": list(generation.evidence)}
     if md is not None:
         extra["metadata_root"] = md.root_class
@@ -114,6 +113,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
         layout=frozen(layout),
         reformulated=tuple(md.mcore_data) if md is not None else (),
         table=md.table if md else None,
+        sharded_backend=ShardedBackend(config["sharded_backend"]) if config is not None else None,
     )
 
 

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from ckptinspect.findings import Finding
+from ckptinspect.formats._files import regular_size
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 from ckptinspect.safeio import read_small
 
@@ -60,7 +61,7 @@ def read_zarr_arrays(path: Path, label: str) -> tuple[tuple[Tensor, ...], tuple[
                 continue
             off = tuple(int(x) for x in m.group(1).split("."))
             grid = tuple(int(x) for x in m.group(2).split("."))
-            size = (d / name).stat().st_size
+            size = regular_size(d / name) or 0  # an object in a bucket has no stat(): the listing's size
             objects.append(ObjectItem(f"{d.name}/{name[:-3]}", d.name, off, grid,
                                       StoredItem(f"{d.name}/{name}", 0, size)))
     return tuple(tensors), tuple(objects), findings
@@ -101,7 +102,4 @@ def _array(d: Path, label: str, findings: list[Finding]) -> Tensor | None:
 
 
 def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except OSError:
-        return 0
+    return regular_size(p) or 0

@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ckptinspect.capabilities.diff.args import ArgDiff
+from ckptinspect.capabilities.diff.args import ArgDiff, Which
 from ckptinspect.capabilities.diff.diff import Change, DiffResult, KeyDiff, What
 
 
@@ -61,7 +61,7 @@ def _verdict(r: DiffResult) -> RenderableType:
                          "" if r.tensors.comparable else ("   (tensors not compared, see notes)", "yellow"))
     sides = Table(show_header=False, box=None, padding=(0, 1))
     for name, s in (("A", r.a), ("B", r.b)):
-        sides.add_row(name, s.path, s.format or "unrecognized", s.generation or "-",
+        sides.add_row(name, s.path, s.format.value if s.format else "unrecognized", s.generation or "-",
                       f"iteration {s.iteration}" if s.iteration is not None else "-")
     return Panel(Group(head, sides), expand=False)
 
@@ -74,7 +74,7 @@ def _blocking_table(r: DiffResult, max_rows: int) -> RenderableType:
     for side in (r.a, r.b):
         if side.format is None:
             rows.append(("checkpoint", side.path, "", "", "not a recognized checkpoint"))
-    rows += [("arg", d.name, _fmt(d.a, d.missing == "a"), _fmt(d.b, d.missing == "b"), d.reason or "")
+    rows += [("arg", d.name, _fmt(d.a, d.missing is Which.A), _fmt(d.b, d.missing is Which.B), d.reason or "")
              for d in r.args if d.blocking]
     rows += [("tensor key", k, "present", "-", "only in A") for k in r.tensors.only_in_a]
     rows += [("tensor key", k, "-", "present", "only in B") for k in r.tensors.only_in_b]
@@ -92,7 +92,7 @@ def _optimizer_table(r: DiffResult, max_rows: int) -> RenderableType:
     for col in ("side", "format", "keys", "states", "e.g."):
         t.add_column(col, overflow="fold")
     for s in r.tensors.optimizer[:max_rows]:
-        t.add_row(s.side.upper(), s.format.label, str(len(s.keys)), ", ".join(s.states), s.keys[0])
+        t.add_row(s.side.value.upper(), s.format.label, str(len(s.keys)), ", ".join(s.states), s.keys[0])
     return t
 
 
@@ -101,7 +101,7 @@ def _args_table(title: str, rows: Sequence[ArgDiff], max_rows: int) -> Renderabl
     for col in ("category", "name", "A", "B", "note"):
         t.add_column(col, overflow="fold")
     for d in rows[:max_rows]:
-        t.add_row(d.category.value, d.name, _fmt(d.a, d.missing == "a"), _fmt(d.b, d.missing == "b"),
+        t.add_row(d.category.value, d.name, _fmt(d.a, d.missing is Which.A), _fmt(d.b, d.missing is Which.B),
                   d.reason or "")
     _more(t, len(rows), max_rows, 5)
     return t

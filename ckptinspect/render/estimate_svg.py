@@ -56,7 +56,7 @@ def estimate_svg(e: Estimate) -> str:
            f'<text x="{MARGIN}" y="{MARGIN - 22}" font-size="13">bytes written per rank, {e.params:,} parameters,'
            f' TP={e.target.tp} PP={e.target.pp} DP={e.target.dp} (decimal units, one scale:'
            f' full height = {decimal_bytes(peak)})</text>']
-    td_title = f"{e.torch_dist.fmt} ({'fully parallel' if e.torch_dist.fully_parallel else 'not fully parallel'})"
+    td_title = f"{e.torch_dist.fmt.value} ({'fully parallel' if e.torch_dist.fully_parallel else 'not fully parallel'})"
     out += _bars(e.torch_dist, MARGIN, panel, scale, td_title)
     out += _bars(e.legacy, MARGIN + panel + PANEL_GAP, panel, scale, "legacy (torch)")
     x = MARGIN

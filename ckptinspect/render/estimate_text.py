@@ -66,7 +66,7 @@ def render_estimate(e: Estimate) -> RenderableType:
     _volume_rows(per, f"torch_dist ({fp})", e.torch_dist)
     _volume_rows(per, "legacy (torch)", e.legacy)
 
-    heavy = Table(title=f"heaviest ranks ({e.chosen.fmt})", title_justify="left")
+    heavy = Table(title=f"heaviest ranks ({e.chosen.fmt.value})", title_justify="left")
     for col in ("rank", "total", "model", "optimizer", "rng", "other"):
         heavy.add_column(col, justify="right")
     for r in e.chosen.heaviest(5):

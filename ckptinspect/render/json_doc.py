@@ -8,7 +8,7 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from ckptinspect import __version__
+from ckptinspect._version import __version__
 from ckptinspect.findings import Finding
 
 if TYPE_CHECKING:  # type-only: `info` / `sniff` must not import the checks
@@ -108,7 +108,7 @@ def audit_doc(r: AuditReport) -> dict[str, Any]:
         summary["optimizer_sharding"] = picked.optimizer_sharding
         summary["generation"] = picked.generation
     body: dict[str, Any] = {
-        "path": r.path, "kind": r.kind.value, "format": r.format, "iteration": r.iteration,
+        "path": r.path, "kind": r.kind.value, "format": r.format.value if r.format else None, "iteration": r.iteration,
         "status": r.status.value, "findings": findings_list(r.findings),
         "checkpoints": [a.to_dict() for a in r.checkpoints], "summary": summary,
     }
@@ -120,7 +120,7 @@ def audit_doc(r: AuditReport) -> dict[str, Any]:
 
 def ls_doc(listing: Listing) -> dict[str, Any]:
     return envelope("ls", {
-        "path": listing.path, "tracker": listing.tracker,
+        "path": listing.path, "tracker": dict(listing.tracker),
         "iterations": [row.to_dict() for row in listing.iterations],
         "findings": findings_list(listing.findings),
     })

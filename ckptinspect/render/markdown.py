@@ -17,7 +17,7 @@ def audit_markdown(r: AuditReport) -> str:
     lines = [f"## ckptinspect audit: {_ICON.get(r.status.value, '')} `{r.status.value}`", ""]
     lines.append(f"- path: `{r.path}` ({r.kind.value})")
     if r.format:
-        lines.append(f"- format: `{r.format}`, iteration {r.iteration}")
+        lines.append(f"- format: `{r.format.value}`, iteration {r.iteration}")
     lines.append(f"- findings: {verdict_counts(r)}")
     if r.summary is not None:
         s = r.summary

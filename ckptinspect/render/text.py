@@ -46,12 +46,14 @@ def status_text(status: Status) -> Text:
 
 
 def render_sniff(r: SniffReport) -> RenderableType:
+    from ckptinspect.formats.sniff import SniffState  # loaded already: the report came from it
+
     t = Table(show_header=False, box=None)
     t.add_row("path", r.path)
     t.add_row("kind", r.kind.value)
     t.add_row("format", r.format.value if r.format else "unrecognized")
     t.add_row("generation", r.generation or "-")
-    if r.state != "complete":
+    if r.state is not SniffState.COMPLETE:
         t.add_row("state", Text(f"{r.state}: {CODES[r.state].title}", style="yellow"))
     if r.checkpoint and r.checkpoint != r.path:
         t.add_row("checkpoint", r.checkpoint)
@@ -65,7 +67,7 @@ def render_ls(listing: Listing) -> RenderableType:
     for col in ("", "name", "iteration", "format", "status", "size", "files", "codes"):
         t.add_column(col, justify="right" if col in ("size", "files") else "left")
     for row in listing.iterations:
-        t.add_row("→" if row.tracked else "", row.name, str(row.iteration), row.format or "-",
+        t.add_row("→" if row.tracked else "", row.name, str(row.iteration), row.format.value if row.format else "-",
                   status_text(row.status), human_bytes(row.bytes), str(row.files), " ".join(row.codes))
     parts: list[RenderableType] = [t]
     if listing.findings:

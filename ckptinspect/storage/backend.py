@@ -2,7 +2,8 @@
 
 A backend is called by `session.Store` only, always through `retry.call`, in this order:
 
-1. `list_dir(key)`: the objects and sub-prefixes directly under ``key/`` (one delimiter listing, all pages);
+1. `list_page(key, token)`: one page of the objects and sub-prefixes directly under ``key/`` (a delimiter
+   listing) and the next page's token (None after the last); `list_dir(key)` is all pages in one call;
 2. `head(key)`: one object's size and ETag, or None when it does not exist (only for a path nobody listed);
 3. `read(key, start, end, etag)`: the bytes [start, end) of one object; with `etag`, a backend that can make the
    read conditional raises `ObjectChanged` when the object is no longer the one listed;
@@ -115,6 +116,8 @@ class Backend(Protocol):
     """One bucket / container / MSC profile. Keys are relative to it, '/'-separated, no leading slash."""
 
     def list_dir(self, key: str) -> Listing: ...
+
+    def list_page(self, key: str, token: str | None) -> tuple[Listing, str | None]: ...
 
     def head(self, key: str) -> ObjectInfo | None: ...
 

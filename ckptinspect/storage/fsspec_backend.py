@@ -20,6 +20,7 @@ from ckptinspect.storage.backend import Fault, Listing, ObjectInfo
 from ckptinspect.storage.faults import classify
 from ckptinspect.storage.url import Scheme
 
+LIST_PAGE_KEYS = 1000  # entries per S3 listing page (the API's maximum)
 _PROTOCOL = {Scheme.S3: "s3", Scheme.GS: "gcs", Scheme.GCS: "gcs", Scheme.AZ: "az", Scheme.ABFS: "abfs",
              Scheme.ABFSS: "abfs"}
 
@@ -63,6 +64,31 @@ class FsspecBackend:
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
+
+    def list_page(self, key: str, token: str | None) -> tuple[Listing, str | None]:
+        """One page of the listing of ``key/`` and the token of the next page (None: last page). S3 is listed
+        page by page (ListObjectsV2, up to 1000 entries a page) so every request is counted and retried alone;
+        gcsfs and adlfs list in one call (their pagination is inside the client)."""
+        if self.scheme is not Scheme.S3:
+            return self.list_dir(key), None
+        kwargs: dict[str, Any] = {"Bucket": self.root, "Prefix": f"{key}/" if key else "", "Delimiter": "/",
+                                  "MaxKeys": LIST_PAGE_KEYS}
+        if token is not None:
+            kwargs["ContinuationToken"] = token
+        page: Mapping[str, Any] = self.fs.call_s3("list_objects_v2", **kwargs)
+        prefix = kwargs["Prefix"]
+        files: dict[str, ObjectInfo] = {}
+        dirs: set[str] = set()
+        for e in page.get("Contents", ()):
+            base = str(e.get("Key", ""))[len(prefix):]
+            if base and "/" not in base:
+                files[base] = ObjectInfo(base, int(e.get("Size") or 0), _etag(e))
+        for e in page.get("CommonPrefixes", ()):
+            base = str(e.get("Prefix", ""))[len(prefix):].rstrip("/")
+            if base and "/" not in base:
+                dirs.add(base)
+        nxt = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        return Listing(files, frozenset(dirs)), (str(nxt) if nxt else None)
 
     def list_dir(self, key: str) -> Listing:
         path = self._path(key)

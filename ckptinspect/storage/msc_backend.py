@@ -40,6 +40,10 @@ class MscBackend:
                 files[base] = ObjectInfo(base, int(m.content_length), m.etag)
         return Listing(files, frozenset(dirs))
 
+    def list_page(self, key: str, token: str | None) -> tuple[Listing, str | None]:
+        """The whole listing as one page: MSC's `list` paginates inside the client (so it counts as one request)."""
+        return self.list_dir(key), None
+
     def head(self, key: str) -> ObjectInfo | None:
         try:
             m = self.client.info(key)

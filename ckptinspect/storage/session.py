@@ -30,6 +30,7 @@ class StorageEvent:
     details: Mapping[str, object] = field(default_factory=dict)
 
 
+MAX_LIST_PAGES = 10_000  # 10M entries under one prefix (S3 pages hold 1000): a bound, not a limit anyone meets
 SMALL_OBJECT_BYTES = 4 << 20  # whole reads of objects up to this size are kept for the rest of the run ...
 SMALL_CACHE_BYTES = 64 << 20  # ... up to this much in total
 
@@ -48,6 +49,8 @@ class Store:
         self._lock = threading.Lock()
         self._listings: dict[str, Listing] = {}
         self._heads: dict[str, ObjectInfo | None] = {}
+        self._prefetched: dict[tuple[str, int, int, str | None], bytes] = {}  # `prefetch`: read once, then dropped
+        self._unlistable: set[str] = set()  # prefixes whose listing was refused: their keys are asked one by one
         self._small: dict[str, tuple[str | None, bytes]] = {}
         self._small_bytes = 0
         # reads that failed for good (after the retries): a second reader of the same bytes (sniff, then the
@@ -66,9 +69,8 @@ class Store:
             hit = self._listings.get(key)
         if hit is not None:
             return hit
-        stats = self._session.stats
         try:
-            got = retry.call(self.backend, stats, "list", key, lambda: self.backend.list_dir(key))
+            got = self._list_pages(key)
         except (AccessDenied, Unreachable, RetriesExhausted, StorageError) as e:
             if isinstance(e, ObjectMissing):
                 got = Listing()
@@ -78,9 +80,26 @@ class Store:
             self._listings[key] = got
         return got
 
+    def _list_pages(self, key: str) -> Listing:
+        """Every page of the listing of ``key/``, each page one counted (and retried) request."""
+        files: dict[str, ObjectInfo] = {}
+        dirs: set[str] = set()
+        token: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            tok = token
+            page, token = retry.call(self.backend, self._session.stats, "list", key,
+                                     lambda: self.backend.list_page(key, tok))
+            files.update(page.files)
+            dirs.update(page.dirs)
+            if token is None:
+                return Listing(files, frozenset(dirs))
+        raise StorageError(f"{self.url(key)}: more than {MAX_LIST_PAGES} listing pages", key)
+
     def _parent_listing(self, key: str) -> tuple[Listing | None, str]:
-        """The listing of `key`'s parent when it is cached, or when the grandparent's listing shows the parent is
-        a dir (then listing it answers every sibling question with one request); else None."""
+        """The listing of `key`'s parent: one delimiter listing answers every question about `key` and its
+        siblings (is it an object, its size and ETag, is it a prefix), where asking about `key` alone costs a HEAD
+        and a listing of ``key/`` (a reader that looks for ``latest_train_state.pt`` beside a checkpoint). A
+        parent the grandparent's cached listing shows not to be a prefix has nothing under it: not listed."""
         parent, _, name = key.rpartition("/")
         if not key:
             return None, name
@@ -88,8 +107,12 @@ class Store:
             hit = self._listings.get(parent)
             grand, _, pname = parent.rpartition("/")
             above = self._listings.get(grand) if parent else None
-        if hit is None and above is not None and pname in above.dirs:
-            hit = self.listing(parent)
+        if hit is None and (above is None or pname in above.dirs) and parent not in self._unlistable:
+            try:
+                hit = self.listing(parent)
+            except StorageUnavailable:  # a policy that allows listing the checkpoint's prefix only: ask the key
+                with self._lock:
+                    self._unlistable.add(parent)
         return hit, name
 
     def info(self, key: str) -> ObjectInfo | None:
@@ -119,8 +142,25 @@ class Store:
             return name in parent.dirs
         return not self.listing(key).empty
 
+    def prefetch(self, key: str, start: int, end: int, info: ObjectInfo) -> None:
+        """Read [start, end) now (`prefetch.ahead`, from a worker thread) and keep it for the one `read` of exactly
+        that range that follows: the same request, made earlier."""
+        data = self.read(key, start, end, info)
+        with self._lock:
+            self._prefetched[(key, start, end, info.etag)] = data
+
+    def drop_prefetched(self, key: str, ranges: list[tuple[int, int]], info: ObjectInfo) -> None:
+        """Forget prefetched ranges nobody read (an item the scan skipped)."""
+        with self._lock:
+            for lo, hi in ranges:
+                self._prefetched.pop((key, lo, hi, info.etag), None)
+
     def read(self, key: str, start: int, end: int, info: ObjectInfo) -> bytes:
         """Bytes [start, end) of the object as listed; a short answer is `ObjectTruncated`, all of them events."""
+        with self._lock:
+            early = self._prefetched.pop((key, start, end, info.etag), None)
+        if early is not None:
+            return early
         whole = start == 0 and end == info.size and info.size <= SMALL_OBJECT_BYTES
         if whole:
             with self._lock:

@@ -8,18 +8,20 @@ findings (docs/contract.md "Status of a checkpoint").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ckptinspect.checks import CheckContext, tracker
 from ckptinspect.checks.registry import CHECKS
+from ckptinspect.storage.findings import storage_findings
 from ckptinspect.errors import UsageError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of, worst_status
 from ckptinspect.formats import read_checkpoint
-from ckptinspect.formats.savedir import SaveDir, join_label, read_save_dir
+from ckptinspect.formats.savedir import SaveDir, SaveStyle, join_label, read_save_dir
 from ckptinspect.formats.sniff import path_kind
-from ckptinspect.model import Checkpoint, Kind
+from ckptinspect.model import Checkpoint, Format, Kind, frozen
 from ckptinspect.capabilities.audit.summary import Summary, summarize
 
 CHEAP_SKIP = frozenset({"integrity"})
@@ -78,9 +80,9 @@ class AuditReport:
         return tuple(f for f in self.findings if id(f) not in own)
 
     @property
-    def format(self) -> str | None:
+    def format(self) -> Format | None:
         c = self.picked.checkpoint if self.picked else None
-        return c.format.value if c and c.format else None
+        return c.format if c else None
 
     @property
     def iteration(self) -> int | None:
@@ -99,6 +101,9 @@ def audit_checkpoint(
         if ckpt.format is None or (not full and check_name in CHEAP_SKIP):
             continue
         findings.extend(f.with_path(label) for f in check(ckpt, ctx))
+    # what storage did while the checks read (the safety scan's byte items, --deep, --hash): an object rewritten,
+    # gone or denied after the listing is a finding here too, not only when the reader met it
+    findings.extend(storage_findings(path, label))
     kept = tuple(filter_findings(findings, opts.select, opts.ignore))
     return CheckpointAudit(ckpt, status_of(kept), kept, full, name)
 
@@ -136,7 +141,7 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
     audits: list[CheckpointAudit] = []
     for it in save.iterations:
         full = opts.all_iterations or (pick is not None and it.name == pick.name)
-        audits.append(audit_checkpoint(it.path, join_label(label, it.name), opts, full, save.style == "megatron",
+        audits.append(audit_checkpoint(it.path, join_label(label, it.name), opts, full, save.style is SaveStyle.MEGATRON,
                                        it.name))
     statuses = {a.name or "": a.status for a in audits}
     dir_findings = tuple(filter_findings((f for f in tracker.run(save, statuses, label)), opts.select, opts.ignore))
@@ -164,7 +169,7 @@ class IterationRow:
 
     name: str
     iteration: int | str
-    format: str | None
+    format: Format | None
     status: Status
     bytes: int
     files: int
@@ -172,7 +177,7 @@ class IterationRow:
     codes: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "iteration": self.iteration, "format": self.format, "status": self.status.value,
+        return {"name": self.name, "iteration": self.iteration, "format": self.format.value if self.format else None, "status": self.status.value,
                 "bytes": self.bytes, "files": self.files, "tracked": self.tracked, "codes": list(self.codes)}
 
 
@@ -181,9 +186,12 @@ class Listing:
     """`ls SAVE_DIR`: the tracker and every iteration dir with its (cheaply classified) status."""
 
     path: str
-    tracker: dict[str, Any]
+    tracker: Mapping[str, Any]
     iterations: tuple[IterationRow, ...]
     findings: tuple[Finding, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tracker", frozen(self.tracker))
 
 
 def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | None = None) -> Listing:
@@ -196,7 +204,7 @@ def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | Non
         a = audit_checkpoint(path, label, opts, full=False)
         c = a.checkpoint
         row = IterationRow(Path(label).name, c.iteration if c.iteration is not None else Path(label).name,
-                           c.format.value if c.format else None, a.status, c.data_bytes, len(c.files), False,
+                           c.format, a.status, c.data_bytes, len(c.files), False,
                            tuple(sorted({f.code for f in a.findings})))
         return Listing(label, {"raw": None, "iteration": None}, (row,), a.findings)
     save = read_save_dir(path)
@@ -204,12 +212,12 @@ def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | Non
     rows = []
     statuses: dict[str, Status] = {}
     for it in save.iterations:
-        a = audit_checkpoint(it.path, join_label(label, it.name), opts, False, save.style == "megatron", it.name)
+        a = audit_checkpoint(it.path, join_label(label, it.name), opts, False, save.style is SaveStyle.MEGATRON, it.name)
         statuses[it.name] = a.status
         c = a.checkpoint
         # an NVRx iteration is virtual (its files live in the rank dirs): the reader listed them
         files = _all_files(it.path) if it.path.exists() else c.files
-        rows.append(IterationRow(it.name, it.iteration, c.format.value if c.format else None, a.status,
+        rows.append(IterationRow(it.name, it.iteration, c.format, a.status,
                                  sum(f.size or 0 for f in files), len(files),
                                  tracked is not None and tracked.name == it.name,
                                  tuple(sorted({f.code for f in a.findings}))))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
-from ckptinspect.model import Checkpoint
+from ckptinspect.model import Checkpoint, frozen, frozen2
 
 _RANK_FILE = re.compile(r"^(?:.*?)__(\d+)_(\d+)\.distcp$")
 COMPONENTS = ("model", "optimizer", "rng", "other")
@@ -40,17 +41,23 @@ class Summary:
     files: int
     bytes: int
     payload_bytes: int
-    by_component: dict[str, int]
-    by_rank: dict[int, dict[str, int]]
-    by_file: dict[str, dict[str, int]]
-    dtypes: dict[str, dict[str, int]] = field(default_factory=dict)  # component -> dtype -> tensor count
+    by_component: Mapping[str, int]
+    by_rank: Mapping[int, Mapping[str, int]]
+    by_file: Mapping[str, Mapping[str, int]]
+    dtypes: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: frozen({}))  # component -> dtype -> count
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_component", frozen(self.by_component))
+        for name in ("by_rank", "by_file", "dtypes"):
+            object.__setattr__(self, name, frozen2(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "tensors": self.tensors, "chunks": self.chunks, "objects": self.objects, "files": self.files,
-            "bytes": self.bytes, "payload_bytes": self.payload_bytes, "by_component": self.by_component,
-            "by_rank": {str(k): v for k, v in sorted(self.by_rank.items())},
-            "by_file": self.by_file, "dtypes": self.dtypes,
+            "bytes": self.bytes, "payload_bytes": self.payload_bytes, "by_component": dict(self.by_component),
+            "by_rank": {str(k): dict(v) for k, v in sorted(self.by_rank.items())},
+            "by_file": {k: dict(v) for k, v in self.by_file.items()},
+            "dtypes": {k: dict(v) for k, v in self.dtypes.items()},
         }
 
 

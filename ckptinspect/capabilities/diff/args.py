@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptinspect.model import Checkpoint
+from ckptinspect.model import Checkpoint, StrEnum
 
 
 class Category(enum.Enum):
@@ -121,9 +121,16 @@ def categorize(name: str) -> Category:
 _MISSING = object()
 
 
+class Which(StrEnum):
+    """One side of a diff: A (the first checkpoint) or B."""
+
+    A = "a"
+    B = "b"
+
+
 @dataclass(frozen=True, slots=True)
 class ArgDiff:
-    """One differing arg (or checkpoint fact). `missing` names the side that lacks it ("a"/"b"), None when both
+    """One differing arg (or checkpoint fact). `missing` names the side that lacks it (A / B), None when both
     have it. `reason` says why it is (not) blocking when that is not obvious from the category."""
 
     name: str
@@ -131,12 +138,12 @@ class ArgDiff:
     b: Any
     category: Category
     blocking: bool
-    missing: str | None = None
+    missing: Which | None = None
     reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "a": self.a, "b": self.b, "category": self.category.value,
-                "blocking": self.blocking, "missing": self.missing, "reason": self.reason}
+                "blocking": self.blocking, "missing": self.missing.value if self.missing else None, "reason": self.reason}
 
 
 def diff_args(a: Mapping[str, Any], b: Mapping[str, Any], both_legacy: bool = False) -> tuple[ArgDiff, ...]:
@@ -147,14 +154,14 @@ def diff_args(a: Mapping[str, Any], b: Mapping[str, Any], both_legacy: bool = Fa
         va, vb = _plain(a.get(name, _MISSING)), _plain(b.get(name, _MISSING))
         if va == vb:
             continue
-        missing = "a" if va is _MISSING else "b" if vb is _MISSING else None
+        missing = Which.A if va is _MISSING else Which.B if vb is _MISSING else None
         blocking, reason = _blocking(name, va, vb, missing, both_legacy, phase)
         out.append(ArgDiff(name, None if va is _MISSING else va, None if vb is _MISSING else vb, categorize(name),
                            blocking, missing, reason))
     return tuple(sorted(out, key=lambda d: (not d.blocking, list(Category).index(d.category), d.name)))
 
 
-def _blocking(name: str, va: Any, vb: Any, missing: str | None, both_legacy: bool,
+def _blocking(name: str, va: Any, vb: Any, missing: Which | None, both_legacy: bool,
               phase: bool) -> tuple[bool, str | None]:
     if name in ("tensor_model_parallel_size", "pipeline_model_parallel_size") and both_legacy:
         return True, "legacy checkpoints cannot be resharded (check_checkpoint_args compares it)"
@@ -163,7 +170,7 @@ def _blocking(name: str, va: Any, vb: Any, missing: str | None, both_legacy: boo
     if name not in BLOCKING_ARGS:
         return False, None
     if missing is not None:
-        present = vb if missing == "a" else va
+        present = vb if missing is Which.A else va
         if name in CHECK_DEFAULTS:
             same = CHECK_DEFAULTS[name] == present
             return (not same, f"missing in {missing.upper()}: Megatron's default ({CHECK_DEFAULTS[name]!r}) "

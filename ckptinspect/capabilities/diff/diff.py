@@ -202,13 +202,13 @@ class Side:
     """One compared checkpoint, as the result names it."""
 
     path: str
-    format: str | None
+    format: Format | None
     generation: str | None
     iteration: int | None
     has_args: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "format": self.format, "generation": self.generation,
+        return {"path": self.path, "format": self.format.value if self.format else None, "generation": self.generation,
                 "iteration": self.iteration, "has_args": self.has_args}
 
 
@@ -247,7 +247,7 @@ class DiffResult:
 
 
 def _side(c: Checkpoint) -> Side:
-    return Side(c.path, c.format.value if c.format else None, c.generation, c.iteration, c.args is not None)
+    return Side(c.path, c.format, c.generation, c.iteration, c.args is not None)
 
 
 def _num(x: float | None) -> float | str | None:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckptinspect.capabilities.diff.args import Which
 from ckptinspect.model import ObjectItem
 
 
@@ -97,13 +98,13 @@ def pair_aliases(only_a: Iterable[str], only_b: Iterable[str]) -> tuple[tuple[st
 class OptimSummary:
     """The optimizer tensor keys of one format present on one side only, summarised."""
 
-    side: str  # "a" | "b"
+    side: Which
     format: OptimFormat
     keys: tuple[str, ...]
     states: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"side": self.side, "format": self.format.value, "label": self.format.label,
+        return {"side": self.side.value, "format": self.format.value, "label": self.format.label,
                 "count": len(self.keys), "states": list(self.states), "keys": list(self.keys), "blocking": False}
 
 
@@ -124,7 +125,7 @@ def summarise(
         return only_a, only_b, ()
     summaries: list[OptimSummary] = []
     rest: list[tuple[str, ...]] = []
-    for side, keys, mine, other in (("a", only_a, fmt_a, fmt_b), ("b", only_b, fmt_b, fmt_a)):
+    for side, keys, mine, other in ((Which.A, only_a, fmt_a, fmt_b), (Which.B, only_b, fmt_b, fmt_a)):
         by_format: dict[OptimFormat, list[tuple[str, str]]] = {}
         kept: list[str] = []
         for k in keys:

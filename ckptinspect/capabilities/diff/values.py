@@ -30,20 +30,29 @@ from ckptinspect.safeio import open_regular
 from ckptinspect.errors import ReadError
 from ckptinspect.formats._files import read_item_archive
 from ckptinspect.pickling.builders import TensorRef
-from ckptinspect.model import Chunk, Tensor, dtype_size
+from ckptinspect.model import Chunk, StrEnum, Tensor, dtype_size
 
 # Elements per compared slab (a few temporaries of this many elements live at once: ~100 MB at float64).
 SLAB_ELEMENTS = 1 << 22
 
+class ValueKind(StrEnum):
+    """How the values of a dtype are compared."""
+
+    FLOAT = "float"  # numeric, NaN equal to NaN
+    BF16 = "bf16"  # read as uint16 and widened to float32 (bfloat16 is the top half of a float32), then as FLOAT
+    INT = "int"
+    BOOL = "bool"  # any non-zero byte is True; a difference counts 1
+    BITS = "bits"  # dtypes numpy cannot represent: compared bit for bit, without a numeric difference
+
+
+_F, _I = ValueKind.FLOAT, ValueKind.INT
 # torch dtype name -> (numpy dtype code without byte order, comparison kind).
-# "bf16" is read as uint16 and widened to float32 (bfloat16 is the top half of a float32);
-# "bits" dtypes numpy cannot represent are compared bit for bit, without a numeric difference.
-_NUMPY: dict[str, tuple[str, str]] = {
-    "float64": ("f8", "float"), "float32": ("f4", "float"), "float16": ("f2", "float"), "bfloat16": ("u2", "bf16"),
-    "complex128": ("c16", "float"), "complex64": ("c8", "float"),
-    "int64": ("i8", "int"), "int32": ("i4", "int"), "int16": ("i2", "int"), "int8": ("i1", "int"),
-    "uint64": ("u8", "int"), "uint32": ("u4", "int"), "uint16": ("u2", "int"), "uint8": ("u1", "int"),
-    "bool": ("u1", "bool"),
+_NUMPY: dict[str, tuple[str, ValueKind]] = {
+    "float64": ("f8", _F), "float32": ("f4", _F), "float16": ("f2", _F), "bfloat16": ("u2", ValueKind.BF16),
+    "complex128": ("c16", _F), "complex64": ("c8", _F),
+    "int64": ("i8", _I), "int32": ("i4", _I), "int16": ("i2", _I), "int8": ("i1", _I),
+    "uint64": ("u8", _I), "uint32": ("u4", _I), "uint16": ("u2", _I), "uint8": ("u1", _I),
+    "bool": ("u1", ValueKind.BOOL),
 }
 _BITS = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}
 
@@ -136,7 +145,7 @@ def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
     item = chunk.storage
     if item is None:
         raise ReadError(f"chunk at {chunk.offsets} has no storage entry")
-    code, _ = _NUMPY.get(dtype) or (_BITS[dtype_size(dtype) or 0], "bits")
+    code, _ = _NUMPY.get(dtype) or (_BITS[dtype_size(dtype) or 0], ValueKind.BITS)
     shape = tuple(chunk.sizes)
     count = math.prod(shape)
     if src.raw:
@@ -238,12 +247,12 @@ def _slabs(lo: tuple[int, ...], hi: tuple[int, ...]) -> Iterator[tuple[tuple[int
 
 def _compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDArray[Any], off_b: tuple[int, ...],
                  inter: Box, dtype: str, acc: _Acc) -> None:
-    kind = _NUMPY.get(dtype, ("", "bits"))[1]
+    kind = _NUMPY.get(dtype, ("", ValueKind.BITS))[1]
     for lo, hi in _slabs(*inter):
         xa = _values(arr_a[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, off_a))], kind)
         xb = _values(arr_b[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, off_b))], kind)
         acc.compared += int(xa.size)
-        if kind in ("float", "bf16"):
+        if kind in (ValueKind.FLOAT, ValueKind.BF16):
             with np.errstate(invalid="ignore"):
                 same = (xa == xb) | (np.isnan(xa) & np.isnan(xb))
         else:
@@ -257,10 +266,10 @@ def _compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDA
             local = np.unravel_index(int(np.argmax(mism)), mism.shape) if mism.ndim else ()
             acc.first = tuple(int(l) + int(i) for l, i in zip(lo, local))
             acc.a_value, acc.b_value = _scalar(xa[local]), _scalar(xb[local])
-        if kind == "bits":
+        if kind is ValueKind.BITS:
             continue
         da, db = xa[mism], xb[mism]
-        if kind == "bool":
+        if kind is ValueKind.BOOL:
             diff = np.ones(da.shape, dtype=np.float64)
         elif np.iscomplexobj(da):
             diff = np.abs(da.astype(np.complex128) - db.astype(np.complex128))
@@ -273,10 +282,10 @@ def _compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDA
             acc.max_diff = m if acc.max_diff is None else max(acc.max_diff, m)
 
 
-def _values(x: npt.NDArray[Any], kind: str) -> npt.NDArray[Any]:
-    if kind == "bf16":
+def _values(x: npt.NDArray[Any], kind: ValueKind) -> npt.NDArray[Any]:
+    if kind is ValueKind.BF16:
         return (np.asarray(x).astype(np.uint32) << 16).view(np.float32)
-    if kind == "bool":
+    if kind is ValueKind.BOOL:
         out: npt.NDArray[Any] = np.asarray(x) != 0
         return out
     return np.asarray(x)

@@ -31,9 +31,17 @@ from ckptinspect.capabilities.estimate.spec import (
     Stage,
     Target,
 )
-from ckptinspect.model import dtype_size
+from ckptinspect.model import StrEnum, dtype_size
 
 FP32 = 4
+
+
+class BufferKind(StrEnum):
+    """DDP grad buffers: dense params over DP×CP, expert params over the expert DP group (`expert_parallel_buffers`).
+    The value is the word in the DistributedOptimizer's sharded keys (`optimizer.distributed.<kind>....`)."""
+
+    DENSE = "dense"
+    EXPERT = "expert"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,29 +160,29 @@ def _dp_sharded(t: Target, all_copies: list[Copy], states: tuple[str, ...], cost
     # their own DP groups (DDP's `expert_parallel_buffers`).
     # A parameter's chunks on one TP rank are one buffer entry: SwiGLU's W and V pieces are halves of one
     # `linear_fc1.weight` (dict order keeps registration order).
-    sizes: dict[tuple[tuple[str, int, int, int, int], tuple[int, int, int, int]], BufferParam] = {}
+    sizes: dict[tuple[tuple[BufferKind, int, int, int, int], tuple[int, int, int, int]], BufferParam] = {}
     tied_model = _tied(all_copies)
     for c in sorted(all_copies, key=lambda c: c.order):
         if c.ep >= 0:
-            group = ("expert", c.stage, c.vchunk, c.ep, max(c.tp, 0))
+            group = (BufferKind.EXPERT, c.stage, c.vchunk, c.ep, max(c.tp, 0))
             tps = [max(c.tp, 0)] if c.tp >= 0 else list(range(t.etp_))
         else:
-            group = ("dense", c.stage, c.vchunk, -1, max(c.tp, 0))
+            group = (BufferKind.DENSE, c.stage, c.vchunk, -1, max(c.tp, 0))
             tps = [c.tp] if c.tp >= 0 else list(range(t.tp))
         for x in tps:  # a TP-replicated parameter sits in every TP rank's buffer
             g = group[:4] + (x,)
             tied = not c.param.saved or (tied_model and c.param.key == "embedding.word_embeddings.weight")
             prev = sizes.get((g, c.order))
             sizes[(g, c.order)] = BufferParam(c.param.key, c.numel + (prev.numel if prev else 0), tied, c.tp < 0)
-    buffers: dict[tuple[str, int, int, int, int], list[BufferParam]] = {}
+    buffers: dict[tuple[BufferKind, int, int, int, int], list[BufferParam]] = {}
     for (g, _), bp in sizes.items():
         buffers.setdefault(g, []).append(bp)
     for (kind, stage, vchunk, ep, tp), params in buffers.items():
-        dp = t.edp if kind == "expert" else t.dp * t.cp
+        dp = t.edp if kind is BufferKind.EXPERT else t.dp * t.cp
         key = f"optimizer.distributed.{kind}.{stage}.{ep}.{tp}.gbuf_{vchunk}"
         if sharding is OptimSharding.DP_ZERO_GATHER_SCATTER:
             # the whole group's state gathered to its DP rank 0 and saved as one byte item
-            rank = expert_rank(t, stage, 0, ep, tp) if kind == "expert" else dense_rank(t, stage, 0, tp)
+            rank = expert_rank(t, stage, 0, ep, tp) if kind is BufferKind.EXPERT else dense_rank(t, stage, 0, tp)
             n = unpadded_numel(params, dp) * FP32 * len(states)
             yield WriteItem("optimizer", 0, n + TENSOR_ITEM_OVERHEAD, (key, ()), (rank,), rank, tensor=False)
             continue
@@ -183,7 +191,7 @@ def _dp_sharded(t: Target, all_copies: list[Copy], states: tuple[str, ...], cost
             if not padding and tp > 0:
                 # per-parameter keys (0.8-0.13): a TP-replicated parameter's state is saved by TP rank 0 only
                 slices = [sl for sl in slices if sl.param < 0 or not params[sl.param].tp_replicated]
-            if kind == "expert":
+            if kind is BufferKind.EXPERT:
                 rank = expert_rank(t, stage, d, ep, tp)
             else:
                 rank = dense_rank(t, stage, d // t.cp, tp, d % t.cp)

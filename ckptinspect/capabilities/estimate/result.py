@@ -14,7 +14,9 @@ Stall model (design notes, "numbers for a 7.5B configuration"):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ckptinspect.capabilities.estimate.items import FP32, saved_states, torch_dist_items
@@ -28,8 +30,8 @@ from ckptinspect.capabilities.estimate.spec import (
     SaveOptions,
     Target,
 )
-from ckptinspect.capabilities.estimate.volumes import COMPONENTS, ByRank, assign, legacy_by_rank
-from ckptinspect.model import dtype_size
+from ckptinspect.capabilities.estimate.volumes import COMPONENTS, assign, legacy_by_rank
+from ckptinspect.model import dtype_size, frozen
 
 UNITS = "decimal: 1 kB = 10^3 B, 1 MB = 10^6 B, 1 GB = 10^9 B; bandwidths in decimal bytes per second"
 
@@ -43,11 +45,16 @@ class Volume:
     world: ranks in the job. files: data files written (plus the metadata files, see `Estimate.files`).
     """
 
-    fmt: str
+    fmt: SaveFormat
     fully_parallel: bool | None
-    by_rank: ByRank
+    by_rank: Mapping[int, Mapping[str, int]]
     world: int
     files: int
+
+    def __post_init__(self) -> None:
+        # Read-only without a copy: a million-rank job has a million rows (copying each costs seconds).
+        if not isinstance(self.by_rank, MappingProxyType):
+            object.__setattr__(self, "by_rank", MappingProxyType(self.by_rank))
 
     def total(self, rank: int) -> int:
         return sum(self.by_rank.get(rank, {}).values())
@@ -83,7 +90,7 @@ class Volume:
     def to_dict(self, n: int = 5) -> dict[str, Any]:
         top = self.heaviest(n)
         return {
-            "format": self.fmt, "fully_parallel": self.fully_parallel, "bytes": self.bytes,
+            "format": self.fmt.value, "fully_parallel": self.fully_parallel, "bytes": self.bytes,
             "max": self.max, "mean": self.mean, "min": self.min, "writers": self.writers, "files": self.files,
             "max_rank": _rank_dict(self, top[0]) if top else None,
             "heaviest": [_rank_dict(self, r) for r in top],
@@ -114,20 +121,24 @@ class Estimate:
     options: SaveOptions
     bandwidths: Bandwidths
     costs: ObjectCosts
-    components: dict[str, int]
+    components: Mapping[str, int]
     chosen: Volume
     torch_dist: Volume
     legacy: Volume
     concentration: float
-    stall_seconds: dict[str, float | None]
+    stall_seconds: Mapping[str, float | None]
     host_memory_per_node: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "components", frozen(self.components))
+        object.__setattr__(self, "stall_seconds", frozen(self.stall_seconds))
 
     @property
     def files(self) -> int:
         """Files of the chosen save: data files + `.metadata`, `metadata.json`, `common.pt` (torch_dist) or the
         tracker-free legacy shard files."""
-        return self.chosen.files + (3 if self.chosen.fmt == SaveFormat.TORCH_DIST.value else 0)
+        return self.chosen.files + (3 if self.chosen.fmt is SaveFormat.TORCH_DIST else 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -140,7 +151,7 @@ class Estimate:
             "per_rank": self.chosen.to_dict(), "files": self.files,
             "torch_dist": self.torch_dist.to_dict(), "legacy": self.legacy.to_dict(),
             "writer_concentration": self.concentration,
-            "stall_seconds": self.stall_seconds,
+            "stall_seconds": dict(self.stall_seconds),
             "async_host_memory_per_node": self.host_memory_per_node,
             "by_rank": {str(r): {"bytes": self.chosen.total(r), **c} for r, c in sorted(self.chosen.by_rank.items())},
             "notes": list(self.notes),
@@ -186,10 +197,10 @@ def estimate_params(params: int, dtype: str, t: Target, o: SaveOptions, bw: Band
                     costs: ObjectCosts | None = None) -> Estimate:
     """The quick form: a model known only by its parameter count (see `quick`)."""
     bw, costs = bw or Bandwidths(), costs or ObjectCosts()
-    td = Volume("torch_dist", o.fully_parallel, quick_torch_dist(params, dtype, t, o, costs, o.fully_parallel),
+    td = Volume(SaveFormat.TORCH_DIST, o.fully_parallel, quick_torch_dist(params, dtype, t, o, costs, o.fully_parallel),
                 t.world, t.world * o.files_per_rank)
     by_rank, files = quick_legacy(params, dtype, t, o, costs)
-    legacy = Volume("torch", None, by_rank, t.world, files)
+    legacy = Volume(SaveFormat.TORCH, None, by_rank, t.world, files)
     return _finish("params", params, dtype, t, o, bw, costs, td, legacy,
                    ["quick form: parameters spread evenly over TP x PP domains, per-item overhead not counted"])
 
@@ -200,9 +211,9 @@ def estimate_model(m: ModelSpec, t: Target, o: SaveOptions, bw: Bandwidths | Non
     bw, costs = bw or Bandwidths(), costs or ObjectCosts()
     by_rank, counts = assign(torch_dist_items(m, t, o, costs), t, o.fully_parallel)
     files = sum(min(o.files_per_rank, n) for n in counts.values() if n)
-    td = Volume("torch_dist", o.fully_parallel, by_rank, t.world, files)
+    td = Volume(SaveFormat.TORCH_DIST, o.fully_parallel, by_rank, t.world, files)
     lby, lfiles = legacy_by_rank(m, t, o, costs)
-    legacy = Volume("torch", None, lby, t.world, lfiles)
+    legacy = Volume(SaveFormat.TORCH, None, lby, t.world, lfiles)
     return _finish(m.source, m.total_params, m.param_dtype, t, o, bw, costs, td, legacy,
                    ["legacy volumes are tensor payload plus object sizes: the per-tensor torch.save archive records "
                     "are not counted (a few hundred bytes per tensor)"])

@@ -12,8 +12,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ckptinspect.model import StrEnum, frozen
 
-class SaveFormat(enum.Enum):
+
+class SaveFormat(StrEnum):
     """`--ckpt-format` values `estimate` can cost."""
 
     TORCH_DIST = "torch_dist"
@@ -215,7 +217,10 @@ class ObjectCosts:
     expert_extra_state_modules: int = 0
     optim_objects: int = 1837 + 1261 + 1261
     common: int = 20000
-    others: Mapping[str, int] = field(default_factory=dict)
+    others: Mapping[str, int] = field(default_factory=lambda: frozen({}))
     rng_per_dp: bool = False
     expert_optim_objects: int = 0
     rerun_per_rank: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "others", frozen(self.others))

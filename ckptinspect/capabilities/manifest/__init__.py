@@ -1,1 +1,3 @@
-"""Integrity manifests: write / verify / merge (`manifest.py`), reports (`report.py`), parallel hashing (`hashing.py`)."""
+"""Integrity manifests: write (`manifest.py`), merge of shard reports (`report.py`). Verifying, the report types and
+the hashing sit one layer down, shared with the audit's integrity check: `checks/integrity_{verify,report,hashing}.py`.
+"""

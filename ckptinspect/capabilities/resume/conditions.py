@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ckptinspect.capabilities.resume.facts import _Facts
+from ckptinspect.capabilities.resume.facts import RerunState, _Facts
 from ckptinspect.capabilities.resume.model import _int
+from ckptinspect.model import ShardedBackend
 
 # DistributedOptimizer.checkpoint_fully_reshardable_formats, [mc] distrib_optimizer.py:105-109
 FULLY_RESHARDABLE = frozenset({"fully_reshardable", "fully_sharded_model_space", "fsdp_dtensor"})
@@ -24,7 +25,7 @@ def _m_unreadable(f: _Facts) -> str | None:
 
 
 def _m_zarr(f: _Facts) -> str | None:
-    if f.ckpt.extra.get("sharded_backend") != "zarr":
+    if f.ckpt.sharded_backend is not ShardedBackend.ZARR:
         return None
     return ("saved with the zarr backend (megatron-core <=0.15); 0.16 removed the zarr load strategy (PR #2944), so "
             "dist_checkpointing.load finds no strategy for it: load and re-save it with megatron-core 0.15 as torch_dist")
@@ -324,7 +325,7 @@ def _r_load(f: _Facts) -> str | None:
 
 
 def _x_absent(f: _Facts) -> str | None:
-    if f.rerun != "absent":
+    if f.rerun is not RerunState.ABSENT:
         return None
     return ("not saved for the legacy format (RerunStateMachine.state_dict returns None for non-torch_dist)"
             if f.legacy else "no rerun_state_machine in the common state (rerun mode disabled, or never saved)")
@@ -335,7 +336,7 @@ def _x_finetune(f: _Facts) -> str | None:
 
 
 def _x_idle(f: _Facts) -> str | None:
-    if f.rerun != "idle":
+    if f.rerun is not RerunState.IDLE:
         return None
     return ("the saved rerun state machine was idle (RerunState.NOT_RUNNING_YET): validate_state_dict returns "
             "False, so Megatron never restores it, whatever the topology — nothing to restore")

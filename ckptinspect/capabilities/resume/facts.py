@@ -13,7 +13,7 @@ from pathlib import PurePath
 from typing import Any
 
 from ckptinspect.findings import Severity
-from ckptinspect.model import Checkpoint, Format
+from ckptinspect.model import Checkpoint, Format, StrEnum
 from ckptinspect.capabilities.resume.model import Layout, ResumeTarget, VocabPrediction, _int
 from ckptinspect.capabilities.resume.vocab import _vocab
 
@@ -22,6 +22,14 @@ VOCAB_FILE_TOKENIZERS = frozenset({"GPT2BPETokenizer", "BertWordPieceLowerCase",
 _UNEVEN_PP_ARGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                    "pipeline_model_parallel_layout")
+
+
+class RerunState(StrEnum):
+    """What the saved `rerun_state_machine` means for a load."""
+
+    ABSENT = "absent"  # none saved
+    IDLE = "idle"  # RerunState.NOT_RUNNING_YET: validate_state_dict returns False, nothing restored
+    PENDING = "pending"  # anything else
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +53,7 @@ class _Facts:
     has_rng: bool
     has_scheduler: bool
     has_iteration: bool
-    rerun: str  # absent | idle | pending
+    rerun: RerunState
     dp_source: str
     notes: tuple[str, ...] = field(default=())
 
@@ -160,14 +168,14 @@ def _problems(a: Mapping[str, Any], src: Layout, dst: Layout) -> list[str]:
     return out
 
 
-def _rerun(common: Mapping[str, Any]) -> str:
+def _rerun(common: Mapping[str, Any]) -> RerunState:
     r = common.get("rerun_state_machine")
     if not isinstance(r, Mapping):
-        return "absent"
+        return RerunState.ABSENT
     state = r.get("state")
     text = str(getattr(state, "summary", state)).strip("'\"")
     # RerunState.NOT_RUNNING_YET == 0 ([mc] rerun_state_machine.py:105): validate_state_dict returns False.
-    return "idle" if text in ("0", "NOT_RUNNING_YET", "RerunState.NOT_RUNNING_YET") else "pending"
+    return RerunState.IDLE if text in ("0", "NOT_RUNNING_YET", "RerunState.NOT_RUNNING_YET") else RerunState.PENDING
 
 
 def _facts(ckpt: Checkpoint, t: ResumeTarget) -> _Facts:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptinspect.formats.topology import positive_int
+from ckptinspect.model import frozen
 
 
 class Outcome(enum.Enum):
@@ -182,6 +183,10 @@ class ResumePrediction:
     problems: tuple[str, ...]
     notes: tuple[str, ...]
     rules: tuple[RuleResult, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("source", "target", "components"):
+            object.__setattr__(self, name, frozen(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "format": self.format, "verdict": self.verdict.value,

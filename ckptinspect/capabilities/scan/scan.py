@@ -19,110 +19,75 @@ the resource bounds is CK603; one that cannot be walked (truncated, not an archi
 location (CK106 `.metadata`, CK205 stored item, CK206 `.pt` file).
 
 This module walks files and directories; walking one container (raw pickle, zip archive, nested archives,
-unreferenced bytes) is `archives.py`.
+unreferenced bytes) is `checks/safety_containers.py`, one file (`.metadata`, `.pt`, `.distcp` and its
+stored items) `checks/safety_scan.py`, shared with the audit's safety check.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
 
-from ckptinspect.errors import ReadError
-from ckptinspect.findings import Finding, Status, filter_findings, status_of
-from ckptinspect.capabilities.scan.archives import ContainerScan, Where
-from ckptinspect.safeio import leaves_dir
-from ckptinspect.pickling.walk import walk_pickle
-from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.checks.safety_scan import (
+    PICKLE_SUFFIXES,
+    FileScan,
+    ScanReport,
+    _items_by_file,
+    _join_rel,
+)
+from ckptinspect.findings import Finding, filter_findings, status_of
 from ckptinspect.formats.savedir import join_label
-from ckptinspect.model import ObjectItem, StoredItem, Tensor
-from ckptinspect.safeio import open_regular
-from ckptinspect.capabilities.scan.archives import PickleScan
-from ckptinspect.safeio import Window, file_identity, file_size
-from ckptinspect.safeio import open_regular as open_file
+from ckptinspect.model import StoredItem
+from ckptinspect.safeio import leaves_dir
+from ckptinspect.storage.findings import storage_findings
 from ckptinspect.storage.objpath import ObjectPath
 
-PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_DEPTH = 8  # directory levels below the scanned path
 MAX_ENTRIES = 200_000  # directory entries visited in one scan
 _ITER_NAME = re.compile(r"^(iter_\d+|release|step[-_]\d+)$")
 
 
-@dataclass(frozen=True, slots=True)
-class ScanReport:
-    """The result of `scan PATH`: status, findings (CK601/CK602/CK603 and unreadable pickles), every pickle."""
-
-    path: str
-    status: Status
-    findings: tuple[Finding, ...]
-    pickles: tuple[PickleScan, ...]
-
-    @property
-    def pickles_scanned(self) -> int:
-        return len(self.pickles)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path, "status": self.status.value, "pickles_scanned": self.pickles_scanned,
-            "findings": [f.to_dict() for f in self.findings], "pickles": [p.to_dict() for p in self.pickles],
-        }
-
-
 @dataclass(slots=True)
-class _Scan(ContainerScan):
-    """One scan in progress: the containers (`ContainerScan`) plus the walk over files and directories."""
+class _Scan(FileScan):
+    """One scan in progress: the files (`FileScan`) plus the walk over directories."""
 
     entries: int = 0
-    visited: set[tuple[int, int]] = field(default_factory=set)  # directories walked (symlink loops)
-    located: set[tuple[int, int] | str] = field(default_factory=set)  # data files scanned through `.metadata` items
+    visited: set[tuple[int, int] | str] = field(default_factory=set)  # directories walked (symlink loops)
 
-    # --- files and directories ---------------------------------------------------------------------------------
+    # --- directories ---------------------------------------------------------------------------------------
 
     def tree(self, path: Path, rel: str, label: str, ckpt_rel: str, depth: int) -> None:
         """Scan the directory `path` (`rel` from the scan root). `label` names the checkpoint its findings belong
         to, `ckpt_rel` is that checkpoint's dir relative to the scan root (subjects are relative to it)."""
-        try:
-            st = os.stat(path)
-        except OSError:
+        listed = _entries(path)
+        if listed is None:
             return
-        key = (st.st_dev, st.st_ino)
+        key, entries = listed
         if key in self.visited:
             return  # a symlink loop or a dir reached twice
         self.visited.add(key)
-        try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError:
-            return
         self.entries += len(entries)
         if self.entries > MAX_ENTRIES:
             self.findings.append(Finding("CK603", f"{rel or '.'}: more than {MAX_ENTRIES} directory entries; "
                                          "the scan stopped", rel or None, label, {}))
             return
-        files: dict[str, Path] = {}
-        dirs: list[os.DirEntry[str]] = []
-        for e in entries:
-            try:
-                if e.is_dir():  # follows symlinks; loops are caught by `visited`
-                    dirs.append(e)
-                    continue
-            except OSError:
-                continue
-            files[e.name] = Path(e.path)
+        files = {name: p for name, p, is_dir in entries if not is_dir}
         below = rel[len(ckpt_rel):].lstrip("/")
         self.checkpoint_dir(path, rel, label, f"{below}/" if below else "", files)
         if depth + 1 > MAX_DEPTH:
             return
-        for e in dirs:
-            sub_rel = _join_rel(rel, e.name)
-            if _ITER_NAME.match(e.name):
+        for name, p, is_dir in entries:
+            if not is_dir:
+                continue
+            sub_rel = _join_rel(rel, name)
+            if _ITER_NAME.match(name):
                 # An iteration dir of a save dir is a checkpoint of its own: findings name it, as `audit` does.
-                self.tree(Path(e.path), sub_rel, join_label(self.label, sub_rel), sub_rel, depth + 1)
+                self.tree(p, sub_rel, join_label(self.label, sub_rel), sub_rel, depth + 1)
             else:
-                self.tree(Path(e.path), sub_rel, label, ckpt_rel, depth + 1)
+                self.tree(p, sub_rel, label, ckpt_rel, depth + 1)
 
     def checkpoint_dir(self, path: Path, rel: str, label: str, prefix: str, files: Mapping[str, Path]) -> None:
         """The files of one directory: `.metadata` + `.distcp` items, and pickle files by name."""
@@ -156,94 +121,6 @@ class _Scan(ContainerScan):
             if "/" in name or leaves_dir(name):
                 self.data_file(path / name, rel, label, prefix, name, items[name])
 
-    def open_regular(self, p: Path, window: Window | None = None) -> IO[bytes] | None:
-        """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one.
-        An object (object storage) opens as a ranged reader of the `window` ranges."""
-        if isinstance(p, ObjectPath):
-            try:
-                return open_file(p, window=window)
-            except OSError:
-                return None
-        try:
-            return open_regular(p)
-        except OSError:
-            return None
-
-    def raw_file(self, p: Path, rel: str, label: str, subject: str, code: str) -> bytes | None:
-        """A file that is one raw pickle (`.metadata`): walk it; return its bytes when the walk went through whole
-        and within bounds (they are then safe to hand to the unpickler to locate the stored items)."""
-        f = self.open_regular(p)
-        if f is None:
-            return None
-        with f:
-            size = file_size(f)
-            where = Where(label, subject, _join_rel(rel, p.name), 0, size, code)
-            if size > MAX_PICKLE_BYTES:
-                self.bound(where, f"pickle of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
-                return None
-            try:
-                data = f.read(size)
-            except OSError as e:
-                self.problem(where, f"unreadable: {e.strerror or e}", code)
-                return None
-        where.length = len(data)
-        walk = walk_pickle(data)
-        self.walked(where, None, walk, len(data))
-        return data if walk.complete else None
-
-    def pickle_file(self, p: Path, rel: str, label: str, subject: str) -> None:
-        """A `.pt`-like file: a torch zip archive, a raw pickle (pre-1.6 torch.save, `.pkl`), or unreadable."""
-        f = self.open_regular(p)
-        if f is None:
-            return
-        with f:
-            size = file_size(f)
-            where = Where(label, subject, _join_rel(rel, p.name), 0, size, "CK206")
-            try:
-                self.container(f, where)
-            except OSError as e:
-                self.problem(where, f"unreadable: {e.strerror or e}", "CK206")
-
-    def data_file(self, p: Path, rel: str, label: str, prefix: str, name: str,
-                  items: list[tuple[str, StoredItem]], gaps: bool = True) -> None:
-        """A `.distcp`: every stored item `.metadata` places in it, then (`gaps`) the bytes no item covers."""
-        file_rel = _join_rel(rel, name)
-        f = self.open_regular(p, None if gaps else [(it.offset, it.length) for _, it in items])
-        if f is not None:
-            ident = file_identity(f)
-            if not items and ident in self.located:
-                f.close()  # already scanned through the items a `.metadata` places in it
-                return
-            if items:
-                self.located.add(ident)
-        if f is None:
-            if items:
-                where = Where(label, prefix + name, file_rel, 0, 0, "CK201")
-                self.problem(where, f"data file named by .metadata for {len(items)} item(s) is missing or not a "
-                                    "regular file: its items were not scanned", "CK201")
-            return
-        with f:
-            size = file_size(f)
-            covered: list[tuple[int, int]] = []
-            for key, item in sorted(items, key=lambda x: (x[1].offset, x[0])):
-                where = Where(label, key, file_rel, item.offset, item.length, "CK205", in_file=True)
-                if item.offset < 0 or item.length < 0 or item.end > size:
-                    self.problem(where, f"stored item [{item.offset}, {item.end}) lies past the end of {name} "
-                                        f"({size} bytes)", "CK202")
-                    continue
-                if item.transforms:
-                    self.problem(where, f"stored item uses stream transforms {list(item.transforms)}: not scanned",
-                                 "CK205")
-                    continue
-                covered.append((item.offset, item.end))
-                try:
-                    self.container(f, where)
-                except OSError as e:
-                    self.problem(where, f"unreadable: {e.strerror or e}", "CK205")
-            if gaps:
-                for start, end in _gaps(covered, size):
-                    self.unreferenced(f, label, prefix + name, file_rel, start, end)
-
 
 # --- public API ----------------------------------------------------------------------------------------------------
 
@@ -267,74 +144,37 @@ def scan_path(path: Path, label: str | None = None, select: Iterable[str] = (),
         s.raw_file(path, "", label, path.name, "CK106")
     else:
         s.pickle_file(path, "", label, path.name)
+    s.findings.extend(storage_findings(path, label))  # an object that changed, vanished or was denied (CK22x)
     kept = tuple(filter_findings(s.findings, select, ignore))
     return ScanReport(label, status_of(kept), kept, tuple(s.pickles))
-
-
-def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, StoredItem]],
-                      report_unreadable: bool = False) -> ScanReport:
-    """Scan the given stored items of a DCP checkpoint dir (for `audit`: byte items and tensor archives inside the
-    `.distcp` files). With `report_unreadable` False only CK601/CK602/CK603 are reported: the storage checks already
-    say which items are missing, truncated or not archives.
-    """
-    s = _Scan(label)
-    by_file: dict[str, list[tuple[str, StoredItem]]] = {}
-    for key, item in items:
-        by_file.setdefault(item.file, []).append((key, item))
-    for name in sorted(by_file):
-        # Also outside the checkpoint dir: DCP reads them from there (the storage check reports CK207).
-        s.data_file(ckpt_dir / name, "", label, "", name, by_file[name], gaps=False)
-    findings = [f for f in s.findings if report_unreadable or f.code in _SAFETY_CODES]
-    return ScanReport(label, status_of(findings), tuple(findings), tuple(s.pickles))
-
-
-_SAFETY_CODES = frozenset({"CK601", "CK602", "CK603", "CK604"})
-
-
-def stored_items(tensors: Iterable[Tensor], objects: Iterable[ObjectItem]) -> Iterator[tuple[str, StoredItem]]:
-    """(subject, item) for every byte item of `objects` and every chunk of `tensors` (the neutral model); a chunk's
-    subject is ``key@offsets``."""
-    for o in objects:
-        if o.storage is not None:
-            yield o.key, o.storage
-    for t in tensors:
-        for c in t.chunks:
-            if c.storage is not None:
-                yield f"{t.key}@{','.join(str(x) for x in c.offsets)}", c.storage
 
 
 # --- helpers -------------------------------------------------------------------------------------------------------
 
 
-def _items_by_file(data: bytes) -> dict[str, list[tuple[str, StoredItem]]]:
-    """Stored items of a `.metadata` (read with the allowlisting unpickler: nothing is executed), by file."""
+def _entries(path: Path) -> tuple[tuple[int, int] | str, list[tuple[str, Path, bool]]] | None:
+    """(identity, sorted (name, path, is_dir) entries) of a directory, or None when it cannot be listed. Locally
+    the identity is (device, inode) and symlinks are followed (loops are caught by identity); an object-storage
+    prefix is answered from its cached listing (one request per prefix) and identified by its URL."""
+    if isinstance(path, ObjectPath):
+        try:
+            listing = path.store.listing(path.key)
+        except OSError:
+            return None
+        named = [(n, path / n, False) for n in listing.files] + [(n, path / n, True) for n in listing.dirs]
+        return path.url, sorted(named, key=lambda e: e[0])
     try:
-        md = read_dcp_metadata(data)
-    except ReadError:
-        return {}
-    except Exception:  # noqa: BLE001 - a malformed .metadata only costs the item locations; its walk reported it
-        return {}
-    out: dict[str, list[tuple[str, StoredItem]]] = {}
-    for key, item in stored_items(md.tensors, md.objects):
-        out.setdefault(item.file, []).append((key, item))
-    return out
+        st = os.stat(path)
+        scanned = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return None
+    out: list[tuple[str, Path, bool]] = []
+    for e in scanned:
+        try:
+            is_dir = e.is_dir()  # follows symlinks; loops are caught by the identity
+        except OSError:
+            continue
+        out.append((e.name, Path(e.path), is_dir))
+    return (st.st_dev, st.st_ino), out
 
 
-
-def _gaps(covered: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int]]:
-    """Byte ranges of [0, size) outside every covered range (at least 22 bytes: room for a zip end record)."""
-    pos = 0
-    for a, b in sorted(covered):
-        if a - pos >= 22:
-            yield pos, a
-        pos = max(pos, b)
-    if size - pos >= 22:
-        yield pos, size
-
-
-
-
-
-
-def _join_rel(rel: str, name: str) -> str:
-    return f"{rel}/{name}" if rel else name

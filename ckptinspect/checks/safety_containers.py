@@ -1,4 +1,4 @@
-"""The container half of the pickle-safety scan (`scan.py`): walking one container and recording what it holds.
+"""The container half of the pickle-safety scan (`safety_scan.py`): walking one container and recording what it holds.
 
 A container is a raw pickle or a `torch.save` zip archive: a whole file, or a stored item's byte range inside a
 `.distcp`. An archive's `*.pkl` members are walked, and members that are zip archives themselves are opened in turn
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.findings import Finding
+from ckptinspect.model import frozen
 from ckptinspect.pickling.candidates import archive_walks, blob_walks
 from ckptinspect.formats._files import called_finding
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
@@ -60,6 +61,9 @@ class PickleScan:
     segments: int = 1
     problem: str | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "globals", frozen(self.globals))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "subject": self.subject, "file": self.file, "offset": self.offset, "length": self.length,
@@ -86,7 +90,7 @@ class Where:
 
 @dataclass(slots=True)
 class ContainerScan:
-    """One scan in progress: collected pickles and findings. `scan._Scan` adds the walk over files and directories."""
+    """One scan in progress: collected pickles and findings. `safety_scan.FileScan` adds the files."""
 
     label: str
     pickles: list[PickleScan] = field(default_factory=list)

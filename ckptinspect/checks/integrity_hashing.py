@@ -40,7 +40,7 @@ def _hash_object(path: ObjectPath, tick: _Ticker | None) -> _Hashed:
     h = hashlib.sha256()
     total = 0
     try:
-        with path.open_reader() as f:
+        with path.open_reader(whole=True, keep=False) as f:  # one pass: 32 MiB GETs, one block held
             while chunk := f.read(_CHUNK):
                 h.update(chunk)
                 total += len(chunk)

@@ -1,0 +1,212 @@
+"""The file half of the pickle-safety scan: `.metadata`, `.pt`-like files and `.distcp` data files with their stored
+items, each walked as containers (`safety_containers.py`). The safety check (`checks/safety.py`) scans the stored
+items of a checkpoint with `scan_stored_items`; the `scan` command (`capabilities/scan/`) adds the walk over
+directories. Nothing is unpickled: pickles go through `pickling.walk.walk_pickle` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ckptinspect.checks.safety_containers import ContainerScan, PickleScan, Where
+from ckptinspect.errors import ReadError
+from ckptinspect.findings import Finding, Status, status_of
+from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.model import ObjectItem, StoredItem, Tensor
+from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
+from ckptinspect.pickling.walk import walk_pickle
+from ckptinspect.safeio import Window, file_identity, file_size, open_regular
+from ckptinspect.safeio import open_regular as open_file
+from ckptinspect.storage import prefetch
+from ckptinspect.storage.objpath import ObjectPath
+
+PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+@dataclass(frozen=True, slots=True)
+class ScanReport:
+    """The result of `scan PATH`: status, findings (CK601/CK602/CK603 and unreadable pickles), every pickle."""
+
+    path: str
+    status: Status
+    findings: tuple[Finding, ...]
+    pickles: tuple[PickleScan, ...]
+
+    @property
+    def pickles_scanned(self) -> int:
+        return len(self.pickles)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path, "status": self.status.value, "pickles_scanned": self.pickles_scanned,
+            "findings": [f.to_dict() for f in self.findings], "pickles": [p.to_dict() for p in self.pickles],
+        }
+
+
+@dataclass(slots=True)
+class FileScan(ContainerScan):
+    """One scan in progress: the containers (`ContainerScan`) plus the files that hold them (`.metadata`, `.pt`,
+    `.distcp` with its stored items). `capabilities.scan.scan._Scan` adds the walk over directories."""
+
+    located: set[tuple[int, int] | str] = field(default_factory=set)  # data files scanned through `.metadata` items
+
+    # --- files ------------------------------------------------------------------------------------------------
+
+    def open_regular(self, p: Path, window: Window | None = None) -> IO[bytes] | None:
+        """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one.
+        An object (object storage) opens as a ranged reader of the `window` ranges."""
+        if isinstance(p, ObjectPath):
+            try:
+                return open_file(p, window=window)
+            except OSError:
+                return None
+        try:
+            return open_regular(p)
+        except OSError:
+            return None
+
+    def raw_file(self, p: Path, rel: str, label: str, subject: str, code: str) -> bytes | None:
+        """A file that is one raw pickle (`.metadata`): walk it; return its bytes when the walk went through whole
+        and within bounds (they are then safe to hand to the unpickler to locate the stored items)."""
+        f = self.open_regular(p)
+        if f is None:
+            return None
+        with f:
+            size = file_size(f)
+            where = Where(label, subject, _join_rel(rel, p.name), 0, size, code)
+            if size > MAX_PICKLE_BYTES:
+                self.bound(where, f"pickle of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
+                return None
+            try:
+                data = f.read(size)
+            except OSError as e:
+                self.problem(where, f"unreadable: {e.strerror or e}", code)
+                return None
+        where.length = len(data)
+        walk = walk_pickle(data)
+        self.walked(where, None, walk, len(data))
+        return data if walk.complete else None
+
+    def pickle_file(self, p: Path, rel: str, label: str, subject: str) -> None:
+        """A `.pt`-like file: a torch zip archive, a raw pickle (pre-1.6 torch.save, `.pkl`), or unreadable."""
+        f = self.open_regular(p)
+        if f is None:
+            return
+        with f:
+            size = file_size(f)
+            where = Where(label, subject, _join_rel(rel, p.name), 0, size, "CK206")
+            try:
+                self.container(f, where)
+            except OSError as e:
+                self.problem(where, f"unreadable: {e.strerror or e}", "CK206")
+
+    def data_file(self, p: Path, rel: str, label: str, prefix: str, name: str,
+                  items: list[tuple[str, StoredItem]], gaps: bool = True) -> None:
+        """A `.distcp`: every stored item `.metadata` places in it, then (`gaps`) the bytes no item covers."""
+        file_rel = _join_rel(rel, name)
+        f = self.open_regular(p, None if gaps else [(it.offset, it.length) for _, it in items])
+        if f is not None:
+            ident = file_identity(f)
+            if not items and ident in self.located:
+                f.close()  # already scanned through the items a `.metadata` places in it
+                return
+            if items:
+                self.located.add(ident)
+        if f is None:
+            if items:
+                where = Where(label, prefix + name, file_rel, 0, 0, "CK201")
+                self.problem(where, f"data file named by .metadata for {len(items)} item(s) is missing or not a "
+                                    "regular file: its items were not scanned", "CK201")
+            return
+        with f:
+            size = file_size(f)
+            covered: list[tuple[int, int]] = []
+            for key, item in sorted(items, key=lambda x: (x[1].offset, x[0])):
+                where = Where(label, key, file_rel, item.offset, item.length, "CK205", in_file=True)
+                if item.offset < 0 or item.length < 0 or item.end > size:
+                    self.problem(where, f"stored item [{item.offset}, {item.end}) lies past the end of {name} "
+                                        f"({size} bytes)", "CK202")
+                    continue
+                if item.transforms:
+                    self.problem(where, f"stored item uses stream transforms {list(item.transforms)}: not scanned",
+                                 "CK205")
+                    continue
+                covered.append((item.offset, item.end))
+                try:
+                    self.container(f, where)
+                except OSError as e:
+                    self.problem(where, f"unreadable: {e.strerror or e}", "CK205")
+            if gaps:
+                for start, end in _gaps(covered, size):
+                    self.unreferenced(f, label, prefix + name, file_rel, start, end)
+
+
+def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, StoredItem]],
+                      report_unreadable: bool = False) -> ScanReport:
+    """Scan the given stored items of a DCP checkpoint dir (for `audit`: byte items and tensor archives inside the
+    `.distcp` files). With `report_unreadable` False only CK601/CK602/CK603 are reported: the storage checks already
+    say which items are missing, truncated or not archives.
+    """
+    s = FileScan(label)
+    by_file: dict[str, list[tuple[str, StoredItem]]] = {}
+    for key, item in items:
+        by_file.setdefault(item.file, []).append((key, item))
+    names = sorted(by_file)
+    # From object storage, the windows of the next files are fetched in parallel while this one is walked (the
+    # same coalesced GETs, earlier); locally `ahead` yields at once.
+    jobs = [(ckpt_dir / n, [(it.offset, it.length) for _, it in by_file[n]]) for n in names]
+    for i in prefetch.ahead(jobs):
+        # Also outside the checkpoint dir: DCP reads them from there (the storage check reports CK207).
+        s.data_file(ckpt_dir / names[i], "", label, "", names[i], by_file[names[i]], gaps=False)
+    findings = [f for f in s.findings if report_unreadable or f.code in _SAFETY_CODES]
+    return ScanReport(label, status_of(findings), tuple(findings), tuple(s.pickles))
+
+
+_SAFETY_CODES = frozenset({"CK601", "CK602", "CK603", "CK604"})
+
+
+def stored_items(tensors: Iterable[Tensor], objects: Iterable[ObjectItem]) -> Iterator[tuple[str, StoredItem]]:
+    """(subject, item) for every byte item of `objects` and every chunk of `tensors` (the neutral model); a chunk's
+    subject is ``key@offsets``."""
+    for o in objects:
+        if o.storage is not None:
+            yield o.key, o.storage
+    for t in tensors:
+        for c in t.chunks:
+            if c.storage is not None:
+                yield f"{t.key}@{','.join(str(x) for x in c.offsets)}", c.storage
+
+
+# --- helpers -------------------------------------------------------------------------------------------------------
+
+
+def _items_by_file(data: bytes) -> dict[str, list[tuple[str, StoredItem]]]:
+    """Stored items of a `.metadata` (read with the allowlisting unpickler: nothing is executed), by file."""
+    try:
+        md = read_dcp_metadata(data)
+    except ReadError:
+        return {}
+    except Exception:  # noqa: BLE001 - a malformed .metadata only costs the item locations; its walk reported it
+        return {}
+    out: dict[str, list[tuple[str, StoredItem]]] = {}
+    for key, item in stored_items(md.tensors, md.objects):
+        out.setdefault(item.file, []).append((key, item))
+    return out
+
+
+def _gaps(covered: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int]]:
+    """Byte ranges of [0, size) outside every covered range (at least 22 bytes: room for a zip end record)."""
+    pos = 0
+    for a, b in sorted(covered):
+        if a - pos >= 22:
+            yield pos, a
+        pos = max(pos, b)
+    if size - pos >= 22:
+        yield pos, size
+
+
+def _join_rel(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name

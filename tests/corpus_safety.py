@@ -1,0 +1,102 @@
+"""Acceptance cases: hostile pickles (CK6xx): never executed (the marker file must not appear), status unsafe.
+
+Part of the corpus gathered in `tests/corpus.py` (see `tests/corpus_kit.py` for the builders)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+
+from corpus_kit import (
+    CallsTimeit,
+    Case,
+    Ctx,
+    DCP,
+    Harmless,
+    Hostile,
+    LEG,
+    M19,
+    RNG_CELL,
+    S,
+    TD,
+    _legacy_pt,
+    _nest,
+    append_item,
+    dcp,
+    edit_metadata,
+    edit_torch_file,
+    legacy,
+    m19,
+    td2,
+    torch_bytes,
+)
+
+
+def _hostile_metadata_bare(ckpt: Path, ctx: Ctx) -> None:
+    (ckpt / ".metadata").write_bytes(pickle.dumps(Hostile(ctx.marker), protocol=2))
+
+
+def _hostile_in_planner_data(ckpt: Path, ctx: Ctx) -> None:
+    with edit_metadata(ckpt) as md:
+        md.planner_data["payload"] = Hostile(ctx.marker)
+
+
+def _hostile_common_pt(ckpt: Path, ctx: Ctx) -> None:
+    edit_torch_file(ckpt / "common.pt", lambda common: common.__setitem__("payload", Hostile(ctx.marker)))
+
+
+def _timeit_common_pt(ckpt: Path, ctx: Ctx) -> None:
+    edit_torch_file(ckpt / "common.pt", lambda common: common.__setitem__("payload", CallsTimeit(ctx.marker)))
+
+
+def _timeit_in_planner_data(ckpt: Path, ctx: Ctx) -> None:
+    with edit_metadata(ckpt) as md:
+        if md.planner_data is None:  # Megatron's saves carry none; plain DCP's is a dict
+            md.planner_data = {}
+        md.planner_data["payload"] = CallsTimeit(ctx.marker)
+
+
+def _hostile_legacy_pt(it: Path, ctx: Ctx) -> None:
+    edit_torch_file(it / "mp_rank_01_000" / "model_optim_rng.pt",
+                    lambda sd: sd.__setitem__("payload", Hostile(ctx.marker)))
+
+
+def _hostile_item(key: str) -> Callable[[Path, Ctx], None]:
+    """Megatron byte items are `torch.save([obj])` archives (strategies/torch.py): store a hostile one as `key`."""
+
+    def mutate(ckpt: Path, ctx: Ctx) -> None:
+        with edit_metadata(ckpt) as md:
+            append_item(ckpt, md, key, torch_bytes([Hostile(ctx.marker)]))
+
+    return mutate
+
+
+
+SAFETY_CASES: tuple[Case, ...] = (
+    Case("hostile_metadata", td2(_hostile_metadata_bare), "unsafe", S({"CK601"}), sources=TD, subprocess=True),
+    Case("hostile_metadata_planner_data", dcp(_hostile_in_planner_data), "unsafe", S({"CK601"}), sources=DCP,
+         subprocess=True),
+    Case("hostile_common_pt", td2(_hostile_common_pt), "unsafe", S({"CK601"}), sources=TD, subprocess=True),
+    Case("hostile_common_pt_timeit", td2(_timeit_common_pt), "unsafe", S({"CK604"}), sources=TD, subprocess=True),
+    # .metadata is read once, by sniff, and handed to the reader: the call must survive the hand-over
+    Case("hostile_metadata_timeit_dcp", dcp(_timeit_in_planner_data), "unsafe", S({"CK604"}), sources=DCP,
+         subprocess=True),
+    Case("hostile_metadata_timeit_torch_dist", td2(_timeit_in_planner_data), "unsafe", S({"CK604"}), sources=TD,
+         subprocess=True),
+    Case("hostile_legacy_model_pt", legacy(_hostile_legacy_pt), "unsafe", S({"CK601"}), sources=LEG,
+         subprocess=True),
+    Case("hostile_common_state_item", m19(_hostile_item("common_state/shard_0_1")), "unsafe", S({"CK601", "CK401"}),
+         flags=("--hash",), sources=M19, subprocess=True),
+    Case("hostile_rng_item", td2(_hostile_item(RNG_CELL)), "unsafe", S({"CK601"}), sources=TD, subprocess=True),
+    Case("hostile_rng_item_deep", td2(_hostile_item(RNG_CELL)), "unsafe", S({"CK601"}), flags=("--deep",),
+         sources=TD, subprocess=True),
+    # an unknown class only referenced (the class object itself) is opaque, a warning; an INSTANCE of it is built
+    # by NEWOBJ, a call of a global that is not an inert constructor: torch.load would run it, so unsafe (CK604)
+    Case("unknown_global_legacy_pt", legacy(_legacy_pt("mp_rank_00_001", lambda sd: sd.__setitem__(
+        "extra", Harmless))), "complete", S({"CK602"}), S({"CK601", "CK604"}), sources=LEG),
+    Case("unknown_class_called_legacy_pt", legacy(_legacy_pt("mp_rank_00_001", lambda sd: sd.__setitem__(
+        "extra", Harmless()))), "unsafe", S({"CK604"}), S({"CK601"}), sources=LEG),
+    Case("deeply_nested_legacy_pt", legacy(_legacy_pt("mp_rank_00_001", _nest(600))), "corrupt", S({"CK603"}), sources=LEG,
+         subprocess=True),
+)
