@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ckptinspect.pickling.walkstate import (
     _EMPTY,
+    _RECONSTRUCT,
     _THROUGH_CALL,
     _THROUGH_NEW,
     MAX_LINE,
@@ -36,9 +37,17 @@ from ckptinspect.pickling.walkstate import (
     Stop,
     _combine,
     _depth,
+    _tuple_of,
     _Val,
 )
-from ckptinspect.pickling.callables import THROUGH_CALL, THROUGH_NEW, callable_safely
+from ckptinspect.pickling.callables import (
+    RECONSTRUCT,
+    THROUGH_CALL,
+    THROUGH_NEW,
+    callable_safely,
+    creatable_safely,
+    init_safely,
+)
 from ckptinspect.pickling.allowlist import GlobalClass, classify
 from ckptinspect.pickling.opcodes import (  # the opcode table
     HIGHEST_PROTOCOL,
@@ -83,6 +92,7 @@ _CALL_OPS = {ord("R"): "REDUCE", ord("\x81"): "NEWOBJ", ord("\x92"): "NEWOBJ_EX"
 _MODIFY_OPS = frozenset(ord(c) for c in "ae" "s" "u" "\x90")  # APPEND(S) SETITEM(S) ADDITEMS: container stays
 _BLOB_OPS = frozenset({ord("B"), ord("C"), ord("\x8e"), ord("\x96")})  # BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8
 _PERSID_OPS = frozenset({ord("P"), ord("Q")})
+_TUPLE_OPS = frozenset({ord("t"), 0x85, 0x86, 0x87})  # TUPLE TUPLE1 TUPLE2 TUPLE3
 # What a generic opcode does with what it consumes, by opcode byte.
 _K_PLAIN, _K_CALL, _K_MODIFY, _K_PERSID = 0, 1, 2, 3
 _KINDS = [_K_CALL if i in _CALL_OPS else _K_MODIFY if i in _MODIFY_OPS else _K_PERSID if i in _PERSID_OPS
@@ -230,6 +240,8 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                             raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
                                        limit=True)
                         stack.append(d + 1)
+                    elif code in _TUPLE_OPS and len(consumed) <= 3:
+                        _push(stack, _tuple_of(consumed), start, names[code])
                     else:
                         _push(stack, _combine(consumed), start, names[code])
                 elif kind == _K_CALL:
@@ -391,7 +403,9 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
             names, ok = (set() if v.new_ok else {v.qual}), False  # the result stays tainted: an instance
         else:
             names, ok = (set() if v.call_ok else {v.qual}), v.call_ok
-        if v.through:
+        if v.through == _RECONSTRUCT:
+            names |= _reconstructed(v.qual, op, args)
+        elif v.through:
             for a in args:
                 if isinstance(a, _Val):
                     names |= a.taint if v.through == _THROUGH_CALL else a.ntaint
@@ -399,6 +413,29 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
         if q not in walk.called:
             walk.called[q] = f"{op} at byte {offset}"
     return ok
+
+
+def _reconstructed(qual: str, op: str, args: list[object]) -> set[str]:
+    """What `copyreg._reconstructor(cls, base, state)` runs that is not inert: `base.__new__(cls, state)` and
+    `base.__init__(obj, state)` (so `base` must be `object` or an inert constructor), and later BUILDs call
+    `cls.__setstate__` (so `cls` must be a class NEWOBJ may create). `args` are the operands (OBJ / INST) or the one
+    argument tuple (REDUCE). Values that are not globals cannot be classes (only inert constructors made them): the
+    real call fails on them, running nothing."""
+    names: set[str] = set()
+    if op == "REDUCE":
+        packed = args[0] if args else None
+        if not isinstance(packed, _Val):
+            return names  # a tuple of plain values: no class in it
+        if packed.parts is None:
+            return {qual, *packed.taint, *packed.ntaint}  # globals in positions the walk did not keep
+        args = list(packed.parts)
+    if args and isinstance(args[0], _Val):
+        cls = args[0]
+        names |= cls.ntaint if cls.qual is None else set() if cls.new_ok else {cls.qual}
+    if len(args) > 1 and isinstance(args[1], _Val):
+        base = args[1]
+        names |= base.taint if base.qual is None else set() if base.init_ok else {base.qual}
+    return names
 
 
 def _length_claim(name: str, offset: int, claimed: int, remaining: int, total: int) -> Stop:
@@ -461,11 +498,14 @@ def _record(walk: PickleWalk, module: str, name: str, opcode: str, offset: int, 
 @functools.lru_cache(maxsize=4096)
 def _value(module: str, name: str, verdict: GlobalClass, mapped: tuple[str, str]) -> _Val:
     qual = f"{module}.{name}"
-    call_ok = verdict is GlobalClass.ALLOWED and callable_safely(*mapped)
-    new_ok = verdict is GlobalClass.ALLOWED
-    through = _THROUGH_CALL if mapped in THROUGH_CALL else _THROUGH_NEW if mapped in THROUGH_NEW else 0
+    allowed = verdict is GlobalClass.ALLOWED
+    call_ok = allowed and callable_safely(*mapped)
+    new_ok = allowed and creatable_safely(*mapped)
+    init_ok = allowed and init_safely(*mapped)
+    through = (_THROUGH_CALL if mapped in THROUGH_CALL else _THROUGH_NEW if mapped in THROUGH_NEW
+               else _RECONSTRUCT if mapped in RECONSTRUCT else 0)
     me = frozenset({qual})
-    return _Val(qual, _EMPTY if call_ok else me, _EMPTY if new_ok else me, 0, call_ok, new_ok, through)
+    return _Val(qual, _EMPTY if call_ok else me, _EMPTY if new_ok else me, 0, call_ok, new_ok, through, init_ok)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -31,20 +31,25 @@ class GlobalRef:
 class _Val:
     """A tracked non-string stack value: a global, or a value built from globals that may not be called."""
 
-    __slots__ = ("qual", "call_ok", "new_ok", "through", "taint", "ntaint", "depth")
+    __slots__ = ("qual", "call_ok", "new_ok", "init_ok", "through", "taint", "ntaint", "depth", "parts")
 
     def __init__(self, qual: str | None, taint: frozenset[str], ntaint: frozenset[str], depth: int,
-                 call_ok: bool = False, new_ok: bool = False, through: int = 0) -> None:
+                 call_ok: bool = False, new_ok: bool = False, through: int = 0, init_ok: bool = False,
+                 parts: tuple[object, ...] | None = None) -> None:
         self.qual = qual  # set for a global as pushed; None for a derived value
         self.call_ok = call_ok  # REDUCE / OBJ / INST on it runs no code
-        self.new_ok = new_ok  # NEWOBJ on it runs no code (an allowed class)
-        self.through = through  # 0, or what it does to its arguments: _THROUGH_CALL / _THROUGH_NEW
+        self.new_ok = new_ok  # NEWOBJ on it runs no code (`callables.creatable_safely`)
+        self.init_ok = init_ok  # `copyreg._reconstructor` may take it as `base` (`callables.init_safely`)
+        self.through = through  # 0, or what it does to its arguments: _THROUGH_CALL / _THROUGH_NEW / _RECONSTRUCT
         self.taint = taint  # globals inside that may not be called
         self.ntaint = ntaint  # globals inside that may not even be instantiated (outside the allowlist)
         self.depth = depth
+        # a tuple of at most 3 items holding a global (TUPLE1/2/3, TUPLE): its items, for the calls whose verdict
+        # depends on which argument is which (`copyreg._reconstructor(cls, base, state)`)
+        self.parts = parts
 
 
-_THROUGH_CALL, _THROUGH_NEW = 2, 1
+_THROUGH_CALL, _THROUGH_NEW, _RECONSTRUCT = 2, 1, 3
 
 
 _EMPTY: frozenset[str] = frozenset()
@@ -77,6 +82,15 @@ def _combine(values: list[object], extra: int = 1) -> object:
                     ntaint = ntaint | v.ntaint  # type: ignore[attr-defined]
     depth += extra
     return _Val(None, taint, ntaint, depth) if taint else depth
+
+
+def _tuple_of(items: list[object]) -> _Val:
+    """The value of a small tuple that holds a global: as `_combine`, with its items kept."""
+    v = _combine(items)
+    if isinstance(v, _Val):
+        v.parts = tuple(items)
+        return v
+    return _Val(None, _EMPTY, _EMPTY, _depth(v), parts=tuple(items))
 
 
 class Stop(Exception):
