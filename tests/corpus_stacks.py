@@ -1,8 +1,10 @@
-"""Acceptance cases for the training stacks (Megatron-Bridge, NeMo 2, NVRx local, torchtitan, non-persistent).
+"""Acceptance cases for the training stacks (Megatron-Bridge, NeMo 2, NVRx local, torchtitan, Megatron FSDP,
+non-persistent).
 
-Each copies a stack sample (`sample_ckpts/{bridge,nemo2,nvrx_local,torchtitan}`, see sample_ckpts/README.md) and
-applies ONE mutation that mimics what a crash, a lost file or an attacker leaves, following the stack's write order
-(`ckptinspect/formats/stacks.py`, `formats/nvrx_local.py`). `tests/test_acceptance.py` runs them with the rest.
+Each copies a stack sample (`sample_ckpts/{bridge,nemo2,nvrx_local,torchtitan,megatron_fsdp}`, see
+sample_ckpts/README.md) and applies ONE mutation that mimics what a crash, a lost file or an attacker leaves,
+following the stack's write order (`ckptinspect/formats/stacks.py`, `formats/nvrx_local.py`,
+`formats/megatron_fsdp.py`). `tests/test_acceptance.py` runs them with the rest.
 """
 
 from __future__ import annotations
@@ -11,9 +13,14 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from corpus import Case, Ctx, Hostile, append_item, copy_source, edit_metadata, torch_bytes
+from corpus import (Case, Ctx, Hostile, append_item, copy_source, drop_object, edit_metadata, rename_object,
+                    torch_bytes, truncate)
 
 BRIDGE, NEMO, NVRX, TITAN, TD = ("bridge",), ("nemo2",), ("nvrx_local",), ("torchtitan",), ("torch_dist",)
+FSDP, FSDP_ITER = ("megatron_fsdp",), "iter_0000001"
+FSDP_FC1_V = "model.module.decoder.layers.1.mlp.linear_fc1.weight_v"
+FSDP_UNEVEN = "model.module.decoder.layers.0.mlp.linear_fc1.weight_w"  # chunks of 4 and 60 rows (rank 0 / rank 1)
+FSDP_META = "optimizer.param_to_group_meta.module.module.module.decoder.layers.0.self_attention.linear_qkv.weight."
 NEMO_CKPT = "default--reduced_train_loss=0.00-epoch=0-consumed_samples=4.0-step=1"
 S = frozenset
 Mutation = Callable[[Path, Ctx], object]
@@ -109,6 +116,43 @@ def _non_persistent(save: Path, ctx: Ctx) -> None:
     (npd / "latest_checkpointed_iteration.txt").write_text("2")
 
 
+def _fsdp_edit(change: Callable[[object], object]) -> Mutation:
+    def mutate(ckpt: Path, ctx: Ctx) -> None:
+        with edit_metadata(ckpt) as md:
+            change(md)
+
+    return mutate
+
+
+def _fsdp_drop_meta(md: object) -> None:
+    for key in [k for k in md.state_dict_metadata if k.startswith(FSDP_META)]:  # type: ignore[attr-defined]
+        drop_object(md, key)
+
+
+def _fsdp_move_rng(md: object) -> None:
+    for key in [k for k in md.state_dict_metadata if k.startswith("rng_state.(0, 0).")]:  # type: ignore[attr-defined]
+        rename_object(md, key, key.replace("(0, 0)", "(1, 0)", 1))
+
+
+def _fsdp_hostile(key: str) -> Mutation:
+    def mutate(ckpt: Path, ctx: Ctx) -> None:
+        with edit_metadata(ckpt) as md:
+            append_item(ckpt, md, key, torch_bytes(Hostile(ctx.marker)))
+
+    return mutate
+
+
+def _fsdp_crash_in_next_save(save: Path, ctx: Ctx) -> None:
+    """The next save died inside `dcp.save`: data files written, `.metadata` (written last, by the coordinator) and the
+    tracker (after the barrier) not."""
+    shutil.copytree(save / FSDP_ITER, save / "iter_0000002")
+    (save / "iter_0000002" / ".metadata").unlink()
+
+
+def _fsdp_truncate_metadata(ckpt: Path, ctx: Ctx) -> None:
+    truncate(ckpt / ".metadata")
+
+
 STACK_CASES: tuple[Case, ...] = (
     # healthy stack samples: no false alarm
     Case("ok_bridge_save_dir", _at("bridge", ""), "complete", S(),
@@ -159,4 +203,28 @@ STACK_CASES: tuple[Case, ...] = (
     # Megatron non-persistent global checkpoints
     Case("non_persistent_global_dir", _at("torch_dist", "", _non_persistent), "complete", S({"CK511"}),
          sources=TD),
+    # Megatron FSDP (fsdp_dtensor): plain DCP written by torch's FileSystemWriter, `.metadata` last
+    Case("ok_megatron_fsdp_save_dir", _at("megatron_fsdp", ""), "complete", S(),
+         S({"CK515", "CK516", "CK517", "CK301", "CK302", "CK506", "CK601", "CK602"}), sources=FSDP),
+    Case("megatron_fsdp_without_metadata", _at("megatron_fsdp", FSDP_ITER, _rm(".metadata")), "incomplete",
+         S({"CK102"}), sources=FSDP),
+    Case("megatron_fsdp_crash_in_next_save", _at("megatron_fsdp", "", _fsdp_crash_in_next_save), "complete",
+         S({"CK506"}), S({"CK504", "CK505"}), sources=FSDP),
+    Case("megatron_fsdp_truncated_metadata", _at("megatron_fsdp", FSDP_ITER, _fsdp_truncate_metadata), "corrupt",
+         S(), S({"CK515", "CK516", "CK517"}), sources=FSDP),
+    Case("megatron_fsdp_rank1_distcp_missing", _at("megatron_fsdp", FSDP_ITER, _rm("__1_0.distcp")), "corrupt",
+         S({"CK201"}), sources=FSDP),
+    Case("megatron_fsdp_uneven_chunk_dropped", _at("megatron_fsdp", FSDP_ITER, _fsdp_edit(
+        lambda md: md.state_dict_metadata[FSDP_UNEVEN].chunks.pop(1))), "corrupt", S({"CK301"}),  # type: ignore
+         sources=FSDP),
+    Case("megatron_fsdp_swiglu_half_missing", _at("megatron_fsdp", FSDP_ITER, _fsdp_edit(
+        lambda md: drop_object(md, FSDP_FC1_V))), "corrupt", S({"CK515"}), sources=FSDP),
+    Case("megatron_fsdp_rng_cell_off_grid", _at("megatron_fsdp", FSDP_ITER, _fsdp_edit(_fsdp_move_rng)), "complete",
+         S({"CK516"}), sources=FSDP),
+    Case("megatron_fsdp_param_group_meta_missing", _at("megatron_fsdp", FSDP_ITER, _fsdp_edit(_fsdp_drop_meta)),
+         "corrupt", S({"CK517"}), sources=FSDP),
+    Case("hostile_megatron_fsdp_args", _at("megatron_fsdp", FSDP_ITER, _fsdp_hostile("args")), "unsafe",
+         S({"CK601"}), sources=FSDP, subprocess=True),
+    Case("hostile_megatron_fsdp_param_group_item", _at("megatron_fsdp", FSDP_ITER, _fsdp_hostile(FSDP_META + "lr")),
+         "unsafe", S({"CK601"}), sources=FSDP, subprocess=True),
 )

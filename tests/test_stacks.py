@@ -34,6 +34,8 @@ NEMO_CKPT = "nemo2/checkpoints/default--reduced_train_loss=0.00-epoch=0-consumed
     ("nvrx_local/1/iter_0000002_1_local.pt", Stack.NVRX_LOCAL, Format.NVRX_LOCAL),
     ("torchtitan", Stack.TORCHTITAN, Format.TORCH_DCP),
     ("torchtitan/step-1", Stack.TORCHTITAN, Format.TORCH_DCP),
+    ("megatron_fsdp", Stack.MEGATRON_FSDP, Format.FSDP_DTENSOR),
+    ("megatron_fsdp/iter_0000001", Stack.MEGATRON_FSDP, Format.FSDP_DTENSOR),
 ])
 def test_sniff_names_the_stack_with_evidence(sub: str, stack: Stack, fmt: Format) -> None:
     r = sniff(SAMPLES / sub)
@@ -118,7 +120,7 @@ def test_nvrx_every_rank_file_is_read_and_scanned() -> None:
 
 def test_stack_audits_leave_torch_unimported() -> None:
     code = ("import sys; from pathlib import Path; from ckptinspect.capabilities.audit.audit import audit\n"
-            f"for p in ('bridge', 'nemo2/checkpoints', 'nvrx_local', 'torchtitan'):\n"
+            f"for p in ('bridge', 'nemo2/checkpoints', 'nvrx_local', 'torchtitan', 'megatron_fsdp'):\n"
             f"    assert audit(Path({str(SAMPLES)!r}) / p).status.value == 'complete', p\n"
             "assert 'torch' not in sys.modules and 'yaml' in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True)

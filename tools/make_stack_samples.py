@@ -1,10 +1,11 @@
-"""Build the training-stack samples under ``sample_ckpts/`` (Megatron-Bridge, NeMo 2, NVRx local, torchtitan).
+"""Build the training-stack samples under ``sample_ckpts/`` (Bridge, NeMo 2, NVRx local, torchtitan, Megatron FSDP).
 
 Usage (repo root; each needs the libraries named below, see sample_ckpts/README.md):
 
     python tools/make_stack_samples.py --only torchtitan      # torchtitan 0.3.0 CheckpointManager (tools/_titan_cpu.py)
     python tools/make_stack_samples.py --only nvrx_local      # megatron-core 0.16.1 + NVRx 0.4.1 LocalCheckpointManager
     python tools/make_stack_samples.py --only bridge nemo2    # megatron-core 0.16.1 payload + the stack's outer layout
+    python tools/make_stack_samples.py --only megatron_fsdp   # megatron-core 0.16.1 Megatron FSDP (+ einops)
 
 `bridge` and `nemo2` cannot run their stack here (Megatron-Bridge imports transformer_engine at module level, NeMo 2
 needs Lightning's MegatronStrategy on GPUs), so the payload is a real megatron-core 0.16.1 torch_dist save written by
@@ -221,15 +222,40 @@ def build_nvrx_local(out: str, tmp: str) -> None:
     os.rmdir(os.path.join(out, "local"))
 
 
-BUILDERS = {"torchtitan": build_torchtitan, "nvrx_local": build_nvrx_local, "bridge": build_bridge,
-            "nemo2": build_nemo2}
+def build_megatron_fsdp(out: str, tmp: str) -> None:
+    """A real Megatron FSDP run writing ``--ckpt-format fsdp_dtensor`` (tools/_fsdp_cpu.py), DP2 on gloo."""
+    sys.path.insert(0, _TOOLS)
+    import make_sample_ckpts
+    import torch.multiprocessing as tmp_mp
+
+    import _fsdp_cpu
+
+    shutil.rmtree(out, ignore_errors=True)
+    rel = os.path.relpath(out, _ROOT)
+    cfg = dict(make_sample_ckpts.DEFAULTS)
+    cfg.update(tp=1, pp=1, dp=2, world=2, layers=2, hidden=16, heads=4, vocab_size=100, iterations=[1],
+               micro_batch_size=2, num_microbatches=1, seed=1234, train_iters=10,
+               padded_vocab_size=make_sample_ckpts.padded_vocab_size(100, 64, 1), out_dir=rel, save_arg=rel,
+               port=make_sample_ckpts._free_port(), verify=VERIFY)
+    os.makedirs(out, exist_ok=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    tmp_mp.start_processes(_fsdp_cpu.worker_entry, args=(cfg,), nprocs=2, start_method="spawn")
+    print(f"[megatron_fsdp] {out}")
+
+
+VERIFY = False  # --verify: megatron_fsdp also loads its save back the Megatron way (tools/_fsdp_cpu._verify_load)
+BUILDERS = {"torchtitan": build_torchtitan, "megatron_fsdp": build_megatron_fsdp, "nvrx_local": build_nvrx_local,
+            "bridge": build_bridge, "nemo2": build_nemo2}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="+", choices=sorted(BUILDERS), default=sorted(BUILDERS))
     p.add_argument("--tmp", default="/tmp/ckptinspect-stacks")
+    p.add_argument("--verify", action="store_true", help="megatron_fsdp: load the save back with Megatron's path")
     ns = p.parse_args(argv)
+    global VERIFY
+    VERIFY = ns.verify
     os.makedirs(ns.tmp, exist_ok=True)
     os.chdir(_ROOT)  # recorded paths (args.save, .metadata checkpoint_id) are repo-relative
     for name in ns.only:

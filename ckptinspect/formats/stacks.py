@@ -23,6 +23,7 @@ from typing import Any
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import pickle_findings
+from ckptinspect.formats.megatron_fsdp import fsdp_enrich
 from ckptinspect.formats.run_config import RUN_CONFIG, args_from_run_config, load_run_config
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Format, Stack
@@ -106,6 +107,8 @@ def enrich(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout | None)
     if layout is None:
         if ckpt.format in (Format.TORCH_DCP, Format.FSDP_DTENSOR):
             stack, why = classify_dcp_keys([t.key for t in ckpt.tensors] + [o.key for o in ckpt.objects])
+            if stack is Stack.MEGATRON_FSDP and why is not None:
+                return _with(fsdp_enrich(ckpt, path, label), stack, (why,), ())
             if stack is not None and why is not None:
                 return _with(ckpt, stack, (why,), ())
         return ckpt

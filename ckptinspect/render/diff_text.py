@@ -27,6 +27,8 @@ def render_diff(r: DiffResult, max_rows: int = 200) -> RenderableType:
         parts.append(_args_table("checkpoint", list(r.meta), max_rows))
     if any(not c.blocking for c in r.tensors.changed):  # the blocking ones are in the table above
         parts.append(_keys_table(f"tensors ({r.tensors.common} in common)", r.tensors, max_rows, only_minor=True))
+    if r.tensors.optimizer:
+        parts.append(_optimizer_table(r, max_rows))
     if not r.objects.empty:
         parts.append(_keys_table(f"objects ({r.objects.common} families in common, never blocking)", r.objects,
                                  max_rows, only_minor=False))
@@ -81,6 +83,16 @@ def _blocking_table(r: DiffResult, max_rows: int) -> RenderableType:
     for row in rows[:max_rows]:
         t.add_row(*row)
     _more(t, len(rows), max_rows, 5)
+    return t
+
+
+def _optimizer_table(r: DiffResult, max_rows: int) -> RenderableType:
+    """Optimizer keys of a format only one side has: one row per side and format, not one per key."""
+    t = Table(title="optimizer state in another format (never blocking)")
+    for col in ("side", "format", "keys", "states", "e.g."):
+        t.add_column(col, overflow="fold")
+    for s in r.tensors.optimizer[:max_rows]:
+        t.add_row(s.side.upper(), s.format.label, str(len(s.keys)), ", ".join(s.states), s.keys[0])
     return t
 
 

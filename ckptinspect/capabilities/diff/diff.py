@@ -29,6 +29,9 @@ from ckptinspect.chunk_table import TableChunks
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor
 from ckptinspect.capabilities.diff.values import ChunkSource, ValueComparison, compare_tensor_values, supported
 from ckptinspect.capabilities.diff.args import ArgDiff, categorize, diff_args, diff_meta
+from ckptinspect.capabilities.diff import optim
+from ckptinspect.capabilities.diff.optim import OptimSummary
+from ckptinspect.capabilities.diff.reformulated import compare_logical, reformulated
 from ckptinspect.progress import ProgressHook  # progress(advance, total, description): bytes of A's chunks
 
 
@@ -77,21 +80,29 @@ class Change:
 
 @dataclass(frozen=True, slots=True)
 class KeyDiff:
-    """Keys only on one side and changes of the common ones. `comparable` False: the keys could not be matched."""
+    """Keys only on one side and changes of the common ones. `comparable` False: the keys could not be matched.
+
+    renamed: (key in A, key in B) pairs that name the same tensor under two spellings (optim.pair_aliases); they
+    count as common and their changes are keyed by A's name. optimizer: optimizer keys of a DistributedOptimizer
+    format the other side lacks, summarised per side and format (optim.summarise) instead of listed in only_in_*."""
 
     comparable: bool
     common: int = 0
     only_in_a: tuple[str, ...] = ()
     only_in_b: tuple[str, ...] = ()
     changed: tuple[Change, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()
+    optimizer: tuple[OptimSummary, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.only_in_a or self.only_in_b or self.changed)
+        return not (self.only_in_a or self.only_in_b or self.changed or self.renamed or self.optimizer)
 
     def to_dict(self) -> dict[str, Any]:
         return {"comparable": self.comparable, "common": self.common, "only_in_a": list(self.only_in_a),
-                "only_in_b": list(self.only_in_b), "changed": [c.to_dict() for c in self.changed]}
+                "only_in_b": list(self.only_in_b), "changed": [c.to_dict() for c in self.changed],
+                "renamed": [{"a": ka, "b": kb} for ka, kb in self.renamed],
+                "optimizer_formats": [s.to_dict() for s in self.optimizer]}
 
 
 def _names(ckpt: Checkpoint) -> dict[str, Tensor]:
@@ -115,23 +126,27 @@ def _same_chunks(x: Tensor, y: Tensor) -> bool:
 
 def diff_tensors(ta: Mapping[str, Tensor], tb: Mapping[str, Tensor]) -> KeyDiff:
     changed: list[Change] = []
-    common = sorted(set(ta) & set(tb))
-    for k in common:
-        x, y = ta[k], tb[k]
+    renamed = optim.pair_aliases(set(ta) - set(tb), set(tb) - set(ta))
+    pairs = [(k, k) for k in sorted(set(ta) & set(tb))] + list(renamed)
+    for k, kb in pairs:
+        x, y = ta[k], tb[kb]
         sa, sb = x.orig_shape or x.shape, y.orig_shape or y.shape
+        alias = None if k == kb else f"B: {kb}"
         if sa != sb:
-            changed.append(Change(k, What.SHAPE, list(sa), list(sb), True))
+            changed.append(Change(k, What.SHAPE, list(sa), list(sb), True, note=alias))
         if x.dtype != y.dtype:
-            changed.append(Change(k, What.DTYPE, x.dtype, y.dtype, True))
+            changed.append(Change(k, What.DTYPE, x.dtype, y.dtype, True, note=alias))
         if sa != sb:
             continue
         if x.shape != y.shape:
+            note = "stored shapes differ (N-D reformulated tensor), logical shape is the same"
             changed.append(Change(k, What.LAYOUT, list(x.shape), list(y.shape), False,
-                                  note="stored shapes differ (N-D reformulated tensor), logical shape is the same"))
+                                  note=note if alias is None else f"{note}; {alias}"))
         elif _same_chunks(x, y) is False:
-            changed.append(Change(k, What.LAYOUT, _layout(x), _layout(y), False))
-    return KeyDiff(True, len(common), tuple(sorted(set(ta) - set(tb))), tuple(sorted(set(tb) - set(ta))),
-                   tuple(changed))
+            changed.append(Change(k, What.LAYOUT, _layout(x), _layout(y), False, note=alias))
+    paired_a, paired_b = {ka for ka, _ in renamed}, {kb for _, kb in renamed}
+    return KeyDiff(True, len(pairs), tuple(sorted(set(ta) - set(tb) - paired_a)),
+                   tuple(sorted(set(tb) - set(ta) - paired_b)), tuple(changed), renamed)
 
 
 def _families(objects: Iterable[ObjectItem]) -> dict[str, list[ObjectItem]]:
@@ -262,6 +277,11 @@ def diff_checkpoints(
         tensors = diff_tensors(_names(a), _names(b))
         if tensors.common == 0 and a.tensors and b.tensors:
             notes.append("no tensor key in common: different models or naming schemes")
+        fmt_a, fmt_b = optim.formats(_names(a), a.objects), optim.formats(_names(b), b.objects)
+        only_a, only_b, summary = optim.summarise(tensors.only_in_a, tensors.only_in_b, fmt_a, fmt_b)
+        if summary or (fmt_a and fmt_b and fmt_a != fmt_b):
+            notes.append(optim.describe({"A": fmt_a, "B": fmt_b}))
+            tensors = KeyDiff(True, tensors.common, only_a, only_b, tensors.changed, tensors.renamed, summary)
     else:
         tensors = KeyDiff(False)
         if a.format is not None and b.format is not None:
@@ -274,8 +294,11 @@ def diff_checkpoints(
             notes.append("values not compared: tensors are not comparable")
             report = ValuesReport((), (), (), 0)
         else:
-            vchanges, report = _compare_values(a, b, _names(a), _names(b), tensors, a_dir, b_dir, progress)
-            tensors = KeyDiff(True, tensors.common, tensors.only_in_a, tensors.only_in_b, tensors.changed + vchanges)
+            names_b = _names(b)
+            aligned_b = {**names_b, **{ka: names_b[kb] for ka, kb in tensors.renamed}}  # B's tensor under A's key
+            vchanges, report = _compare_values(a, b, _names(a), aligned_b, tensors, a_dir, b_dir, progress)
+            tensors = KeyDiff(True, tensors.common, tensors.only_in_a, tensors.only_in_b, tensors.changed + vchanges,
+                              tensors.renamed, tensors.optimizer)
     meta = diff_meta(a, b) if a.format is not None and b.format is not None else ()
     return DiffResult(_side(a), _side(b), args, meta, tensors, objects, report, tuple(notes))
 
@@ -296,8 +319,9 @@ def _compare_values(
     skipped: list[tuple[str, str]] = []
     todo: list[str] = []
     for k in sorted(set(ta) & set(tb)):
+        restorable = reformulated(ta[k]) or reformulated(tb[k])  # compared in the original shape
         why = "shape or dtype differs" if k in structural else (
-            "stored shapes differ" if ta[k].shape != tb[k].shape else supported(ta[k].dtype))
+            "stored shapes differ" if ta[k].shape != tb[k].shape and not restorable else supported(ta[k].dtype))
         if why:
             skipped.append((k, why))
         else:
@@ -312,7 +336,11 @@ def _compare_values(
             if progress is not None:
                 progress(n, total, k)
         try:
-            r: ValueComparison = compare_tensor_values(ta[k], src_a, tb[k], src_b, advance)
+            if reformulated(ta[k]) or reformulated(tb[k]):
+                r: ValueComparison = compare_logical(ta[k], src_a, tb[k], src_b)
+                advance(ta[k].nbytes)
+            else:
+                r = compare_tensor_values(ta[k], src_a, tb[k], src_b, advance)
         except (ReadError, OSError, ValueError) as e:
             skipped.append((k, str(e)))
             continue
