@@ -523,3 +523,20 @@ def test_import_and_cli_runs_leave_torch_unimported(tmp_path: Path) -> None:
     plain = subprocess.run([sys.executable, "-c", "import sys, ckptinspect; assert 'torch' not in sys.modules"],
                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr
+
+
+def test_walking_the_same_bytes_again_gives_an_equal_independent_result() -> None:
+    """`walk_pickle` answers bytes it walked before from a cache (audit and scan walk the same pickles): the answer
+    equals a fresh walk, is the caller's own copy, and one changed byte is a different pickle."""
+    import ckptinspect.pickling.walk as walk_mod
+
+    evil = b"\x80\x02cposix\nsystem\nX\x01\x00\x00\x00xR."
+    first = walk_pickle(evil)
+    first.called.clear()
+    first.refs.clear()
+    second = walk_pickle(evil)
+    assert second.called and second.globals == {"posix.system": GlobalClass.DANGEROUS}
+    assert second == walk_mod._walk(walk_mod.Source(evil), walk_mod.MAX_OPS, walk_mod.MAX_STACK)
+    benign = evil.replace(b"posix\nsystem", b"posix\nsystex")
+    assert walk_pickle(benign).globals == {"posix.systex": GlobalClass.DANGEROUS}
+    assert walk_pickle(evil, max_ops=2).limit is not None  # other bounds: walked again, not taken from the cache

@@ -175,6 +175,11 @@ def classify(module: str, name: str) -> GlobalClass:
     return GlobalClass.UNKNOWN
 
 
+def allowed_exactly(module: str, name: str) -> bool:
+    """True when `module.name` is allowed by an exact entry (not merely by a module prefix)."""
+    return (module, name) in _ALLOWED_EXACT and classify(module, name) is GlobalClass.ALLOWED
+
+
 def _attr_chain_is_dangerous(name: str) -> bool:
     parts = set(name.split("."))
     return bool(parts & {"system", "popen", "eval", "exec", "__import__", "__builtins__", "__globals__", "os"})

@@ -12,16 +12,24 @@ Module-prefix allowlists (`megatron.core.*`, `torch.distributed.checkpoint.*` in
 `transformer.spec_utils.import_module(("os", "system"))` returns `os.system` from two strings). Calling such a name is
 judged here, by exact name only.
 
-Three kinds of call:
+Kinds of call:
 - REDUCE / OBJ / INST call `f(*args)`: `f` must be in `CALLABLE`;
-- NEWOBJ / NEWOBJ_EX call `cls.__new__(cls, *args)` and fail for anything that is not a type: every referenceable
-  (allowed) class may be created this way, its `__init__` never runs;
+- NEWOBJ / NEWOBJ_EX call `cls.__new__(cls, *args)` (and a later BUILD `cls.__setstate__(state)`): `cls` must be
+  `creatable_safely`: a class allowed by an EXACT allowlist entry (`allowlist.allowed_exactly`), or one of the
+  `PLAIN_CLASSES` below. A class allowed only through a module prefix (`megatron.core.*`) is a reference, not a
+  vetted constructor: megatron-core 0.16.1 alone has prefix-allowed classes whose `__new__` builds modules
+  (`transformer.torch_norm.WrappedTorchNorm`, `extensions.transformer_engine.TENorm`) or whose `__setstate__` opens
+  files (`datasets.indexed_dataset.IndexedDataset`);
 - `THROUGH` entries call (or keep to call) what they are given (`functools.partial`, torch's
-  `_rebuild_from_type_v2(func, new_type, args, state)`, `copyreg._reconstructor(cls, base, state)`): their arguments
-  count as called.
+  `_rebuild_from_type_v2(func, new_type, args, state)`): their arguments count as called;
+- `copyreg._reconstructor(cls, base, state)` (`RECONSTRUCT`) runs `base.__new__(cls, state)` and, when `base` is not
+  `object`, `base.__init__(obj, state)`: inert only when `base` is `object` or in `INIT_SAFE` (the inert
+  constructors) and `cls` is `creatable_safely`. Anything else is judged by what it runs: `base`'s constructor.
 """
 
 from __future__ import annotations
+
+from ckptinspect.pickling.allowlist import allowed_exactly
 
 # Constructors and torch/numpy rebuild helpers that are inert for every argument (torch 2.13, numpy 1.x/2.x).
 _INERT: frozenset[tuple[str, str]] = frozenset(
@@ -55,17 +63,22 @@ THROUGH_CALL: frozenset[tuple[str, str]] = frozenset(
         ("numpy.random._pickle", "__generator_ctor"),
     }
 )
-# Create instances of the classes they are given (`cls.__new__`, no `__init__`): their arguments must be allowed
-# classes, as for NEWOBJ. (`copyreg._reconstructor(cls, base, state)` also calls `base.__init__` when base is not
-# `object`; Python writes it only for protocols 0/1, with `base` a builtin type.)
+# Create instances of the classes they are given (`cls.__new__`, no `__init__`): their arguments must be classes
+# NEWOBJ may create (`creatable_safely`).
 THROUGH_NEW: frozenset[tuple[str, str]] = frozenset(
     {
-        ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"),
         ("torch._utils", "_rebuild_parameter_with_state"), ("torch._utils", "_rebuild_wrapper_subclass"),
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     }
 )
-THROUGH = THROUGH_CALL | THROUGH_NEW
+# `copyreg._reconstructor(cls, base, state)` (Lib/copyreg.py): `obj = base.__new__(cls, state)`, then
+# `base.__init__(obj, state)` unless base's `__init__` is `object.__init__`. Python's pickler writes it for protocols
+# 0/1 only, with `base` the nearest builtin base of `cls` (`object`, `dict`, `list`, ...).
+RECONSTRUCT: frozenset[tuple[str, str]] = frozenset({("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor")})
+THROUGH = THROUGH_CALL | THROUGH_NEW | RECONSTRUCT
+# What `copyreg._reconstructor` may take as `base`: `object` and the inert constructors (whose `__new__` and
+# `__init__` run no code for any argument).
+INIT_SAFE: frozenset[tuple[str, str]] = _INERT
 
 # DCP data classes and enums (torch 2.13 `distributed/checkpoint/{metadata,planner,filesystem}.py`,
 # `distributed/tensor/placement_types.py`): dataclass constructors and Enum lookups.
@@ -101,8 +114,39 @@ CALLABLE: frozenset[tuple[str, str]] = _INERT | THROUGH | frozenset(
     (m, n) for m, names in _DCP.items() for n in names
 )
 
+# Classes allowed only through a module prefix that NEWOBJ may create: plain data classes (dataclasses, NamedTuple-
+# free, no `__new__` / `__setstate__` of their own anywhere in their MRO beyond `object`; checked against the real
+# classes by `tests/test_hostile_calls.py`) that real checkpoints store as instances: the DCP classes above and
+# Megatron-Core's dist-checkpointing records (megatron-core 0.13-0.19: `dist_checkpointing/mapping.py`,
+# `strategies/torch.py`, `tensor_aware_state_dict.py`; the samples under `sample_ckpts/` hold every one but
+# `ShardedTensorFactory`, `LocalNonpersistentObject` and `WriteResult`).
+PLAIN_CLASSES: frozenset[tuple[str, str]] = frozenset(
+    {(m, n) for m, names in _DCP.items() for n in names}
+    | {
+        ("megatron.core.dist_checkpointing.mapping", "ShardedTensor"),
+        ("megatron.core.dist_checkpointing.mapping", "ShardedObject"),
+        ("megatron.core.dist_checkpointing.mapping", "ShardedTensorFactory"),
+        ("megatron.core.dist_checkpointing.mapping", "LocalNonpersistentObject"),
+        ("megatron.core.dist_checkpointing.strategies.torch", "MCoreMetadata"),
+        ("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan"),
+        ("megatron.core.dist_checkpointing.tensor_aware_state_dict", "MCoreTensorAwareStateDict"),
+        ("torch.distributed.checkpoint.storage", "WriteResult"),
+    }
+)
+
 
 def callable_safely(module: str, name: str) -> bool:
     """True when the real loader calling `module.name(*args)` runs no code for any `args` (or, for `THROUGH`
     entries, only what the arguments name — judged separately)."""
     return (module, name) in CALLABLE
+
+
+def creatable_safely(module: str, name: str) -> bool:
+    """True when NEWOBJ / NEWOBJ_EX on the allowed global `module.name` (`cls.__new__(cls, *args)`, then BUILD)
+    runs no code: an exact allowlist entry, or a plain data class (`PLAIN_CLASSES`)."""
+    return allowed_exactly(module, name) or (module, name) in PLAIN_CLASSES
+
+
+def init_safely(module: str, name: str) -> bool:
+    """True when `copyreg._reconstructor` may take `module.name` as `base` without running code."""
+    return (module, name) in INIT_SAFE

@@ -7,12 +7,11 @@ model of the stack and the memo in which each entry is one of:
 - a `_Val`: a global (as GLOBAL / STACK_GLOBAL / INST / EXT pushed it) or a value built from globals that may not be
   called (its "taint"), with its depth.
 
-What it records into the `PickleWalk` (`walk.py`): every global referenced (with the allowlist verdict), every
-global CALLED that is not an inert constructor (`callables.py`: REDUCE / OBJ / INST need an exact `CALLABLE` name,
-NEWOBJ an allowed class, BUILD on a class object or a tainted value counts as a call, `THROUGH` entries call their
-arguments), nesting beyond `MAX_DEPTH` whatever opcode builds it (the C unpickler hashes a tuple used as a dict key
-or set member recursively, in C: 100,000 levels overflow the C stack), memo indices beyond what was memoized, and
-byte strings that hold a pickle or a zip archive (Transformer Engine's `_extra_state`, a pickled `BytesIO`).
+What it records into the `PickleWalk` (`walk.py`): every global referenced (with the allowlist verdict) and every
+global CALLED that is not an inert constructor (both judged in `judge.py`), nesting beyond `MAX_DEPTH` whatever
+opcode builds it (the C unpickler hashes a tuple used as a dict key or set member recursively, in C: 100,000 levels
+overflow the C stack), memo indices beyond what was memoized, and byte strings that hold a pickle or a zip archive
+(Transformer Engine's `_extra_state`, a pickled `BytesIO`).
 
 Memory: the memo keeps one byte of depth per slot (a `bytearray`) plus the tracked strings / `_Val`s; a stream is
 read in windows of `WINDOW` bytes, so a 4 GB `.metadata` is walked in bounded memory.
@@ -20,26 +19,26 @@ read in windows of `WINDOW` bytes, so a 4 GB `.metadata` is walked in bounded me
 
 from __future__ import annotations
 
-import _compat_pickle
-import codecs
 import copyreg
-import functools
 from typing import TYPE_CHECKING
 
 from ckptinspect.pickling.walkstate import (
-    _EMPTY,
-    _THROUGH_CALL,
-    _THROUGH_NEW,
     MAX_LINE,
+    MAX_TRACKED_STR as MAX_TRACKED_STR,
     GlobalRef,
     Source,
     Stop,
     _combine,
+    _decode_str,
     _depth,
+    _length_claim,
+    _line_pair,
+    _text_index,
+    _tuple_of,
     _Val,
 )
-from ckptinspect.pickling.callables import THROUGH_CALL, THROUGH_NEW, callable_safely
-from ckptinspect.pickling.allowlist import GlobalClass, classify
+from ckptinspect.pickling.judge import DYNAMIC_GLOBAL as DYNAMIC_GLOBAL, _CALL_OPS, _add, _call, _record
+from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.opcodes import (  # the opcode table
     HIGHEST_PROTOCOL,
     _A_FIXED,
@@ -69,20 +68,12 @@ from ckptinspect.pickling.opcodes import (  # the opcode table
 if TYPE_CHECKING:
     from ckptinspect.pickling.walk import PickleWalk
 
-MAX_TRACKED_STR = 1024  # longer strings cannot be module/attribute names worth tracking: kept as opaque values
 MAX_DEPTH = 250  # nesting of containers / calls; real state dicts stay below ~20
 MAX_BLOBS = 1000  # embedded pickles / archives recorded per stream
-MAX_GLOBAL_NAMES = 10_000  # distinct globals per stream
-
-# Qualified name recorded for a STACK_GLOBAL whose module/name were not literal strings.
-DYNAMIC_GLOBAL = "<dynamic STACK_GLOBAL>"
-
-_NAMES = _T.names
-_CALL_OPS = {ord("R"): "REDUCE", ord("\x81"): "NEWOBJ", ord("\x92"): "NEWOBJ_EX", ord("b"): "BUILD",
-             ord("o"): "OBJ"}
 _MODIFY_OPS = frozenset(ord(c) for c in "ae" "s" "u" "\x90")  # APPEND(S) SETITEM(S) ADDITEMS: container stays
 _BLOB_OPS = frozenset({ord("B"), ord("C"), ord("\x8e"), ord("\x96")})  # BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8
 _PERSID_OPS = frozenset({ord("P"), ord("Q")})
+_TUPLE_OPS = frozenset({ord("t"), 0x85, 0x86, 0x87})  # TUPLE TUPLE1 TUPLE2 TUPLE3
 # What a generic opcode does with what it consumes, by opcode byte.
 _K_PLAIN, _K_CALL, _K_MODIFY, _K_PERSID = 0, 1, 2, 3
 _KINDS = [_K_CALL if i in _CALL_OPS else _K_MODIFY if i in _MODIFY_OPS else _K_PERSID if i in _PERSID_OPS
@@ -230,6 +221,8 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                             raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
                                        limit=True)
                         stack.append(d + 1)
+                    elif code in _TUPLE_OPS and len(consumed) <= 3:
+                        _push(stack, _tuple_of(consumed), start, names[code])
                     else:
                         _push(stack, _combine(consumed), start, names[code])
                 elif kind == _K_CALL:
@@ -367,127 +360,3 @@ def _push(stack: list[object], v: object, start: int, name: str) -> None:
     if _depth(v) > MAX_DEPTH:
         raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({name})", start, limit=True)
     stack.append(v)
-
-
-def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> bool:
-    """Record what a REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST / BUILD calls (`consumed` = its operands, the callee
-    first; for BUILD the object, then the state). True when the callee is a global whose call runs no code (the
-    result then carries only its arguments' taint)."""
-    op = _CALL_OPS.get(code, _NAMES[code])
-    callee, args = consumed[0], consumed[1:]
-    if not isinstance(callee, _Val):
-        return False  # a plain value built from inert parts: calling it runs nothing the allowlist did not vet
-    v = callee
-    if op == "BUILD":
-        # BUILD calls `type(obj).__setstate__`: an instance's class was judged when it was created. BUILD on a
-        # class object itself runs `cls.__setstate__(state)` as a function, or sets the class's attributes (changed
-        # for the rest of the process); no pickler writes that.
-        names: set[str] = {v.qual} if v.qual is not None else set()
-        ok = False
-    elif v.qual is None or v.qual == DYNAMIC_GLOBAL:
-        names, ok = set(v.taint), False  # calling a computed value: whatever it was built from is called
-    else:
-        if op in ("NEWOBJ", "NEWOBJ_EX"):
-            names, ok = (set() if v.new_ok else {v.qual}), False  # the result stays tainted: an instance
-        else:
-            names, ok = (set() if v.call_ok else {v.qual}), v.call_ok
-        if v.through:
-            for a in args:
-                if isinstance(a, _Val):
-                    names |= a.taint if v.through == _THROUGH_CALL else a.ntaint
-    for q in names:
-        if q not in walk.called:
-            walk.called[q] = f"{op} at byte {offset}"
-    return ok
-
-
-def _length_claim(name: str, offset: int, claimed: int, remaining: int, total: int) -> Stop:
-    """A length field pointing past the data: a resource-bound violation when the claim is absurd for the stream
-    (beyond 4 GiB or 16× the whole pickle), otherwise plain truncation."""
-    if claimed > (1 << 32) or claimed > 16 * total:
-        return Stop(f"{name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset, limit=True)
-    return Stop(f"truncated: {name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset)
-
-
-def _text_index(arg: bytes, offset: int) -> int:
-    """The memo index of a protocol-0 PUT / GET (a decimal line)."""
-    text = arg.decode("ascii", "replace").strip()
-    if not text.isdigit() or len(text) > 12:
-        raise Stop(f"bad memo index {arg[:20]!r} at byte {offset}", offset)
-    return int(text)
-
-
-_S, _V, _T_OP, _U = ord("S"), ord("V"), ord("T"), ord("U")
-
-
-def _decode_str(code: int, raw: bytes | None) -> object:
-    """The str a string opcode pushes (as the unpickler decodes it), 0 (an untracked scalar) when too long /
-    undecodable, None for a protocol-0 STRING that is not quoted (the unpickler rejects it)."""
-    if raw is None:
-        return 0
-    try:
-        if code == _S:
-            # STRING: a repr-quoted line, escape-decoded (pickle.py load_string).
-            if len(raw) < 2 or raw[0] != raw[-1] or raw[:1] not in (b"'", b'"'):
-                return None
-            value = codecs.escape_decode(raw[1:-1])[0].decode("utf-8")
-        elif code == _V:
-            value = raw.decode("raw-unicode-escape")
-        elif code == _T_OP or code == _U:
-            value = raw.decode("utf-8")
-        else:
-            value = raw.decode("utf-8", "surrogatepass")
-    except (UnicodeDecodeError, ValueError):
-        return 0
-    return value if len(value) <= MAX_TRACKED_STR else 0
-
-
-def _line_pair(arg: bytes | None, name: str, offset: int) -> tuple[str, str]:
-    if arg is None or b"\n" not in arg:
-        raise Stop(f"{name} at byte {offset} lacks module/name lines", offset)
-    module_b, name_b = arg.split(b"\n", 1)
-    return module_b.decode("utf-8", "replace"), name_b.decode("utf-8", "replace")
-
-
-def _record(walk: PickleWalk, module: str, name: str, opcode: str, offset: int, proto: int) -> _Val:
-    """Record a global reference; return its stack value."""
-    verdict, mapped = _verdict(module, name, proto < 3)
-    _add(walk, GlobalRef(module, name, opcode, offset, verdict))
-    if len(walk._seen) > MAX_GLOBAL_NAMES:
-        raise Stop(f"more than {MAX_GLOBAL_NAMES} distinct globals", offset, limit=True)
-    return _value(module, name, verdict, mapped)
-
-
-@functools.lru_cache(maxsize=4096)
-def _value(module: str, name: str, verdict: GlobalClass, mapped: tuple[str, str]) -> _Val:
-    qual = f"{module}.{name}"
-    call_ok = verdict is GlobalClass.ALLOWED and callable_safely(*mapped)
-    new_ok = verdict is GlobalClass.ALLOWED
-    through = _THROUGH_CALL if mapped in THROUGH_CALL else _THROUGH_NEW if mapped in THROUGH_NEW else 0
-    me = frozenset({qual})
-    return _Val(qual, _EMPTY if call_ok else me, _EMPTY if new_ok else me, 0, call_ok, new_ok, through)
-
-
-@functools.lru_cache(maxsize=4096)
-def _verdict(module: str, name: str, py2_names: bool) -> tuple[GlobalClass, tuple[str, str]]:
-    """The allowlist verdict of a global, and the (module, name) the unpickler would import."""
-    verdict = classify(module, name)
-    mapped = (module, name)
-    if py2_names:
-        # For protocols < 3 the unpickler imports the Python 3 name (`fix_imports`, `_compat_pickle`):
-        # `__builtin__.eval` is `builtins.eval`. Judge what it would import; a name dangerous as written stays so.
-        m = _compat_pickle.NAME_MAPPING.get((module, name))
-        if m is None and module in _compat_pickle.IMPORT_MAPPING:
-            m = (_compat_pickle.IMPORT_MAPPING[module], name)
-        if m is not None:
-            mapped = m
-            if verdict is not GlobalClass.DANGEROUS:
-                verdict = classify(*m)
-    return verdict, mapped
-
-
-def _add(walk: PickleWalk, ref: GlobalRef) -> None:
-    key = (ref.module, ref.name, ref.verdict)
-    if key not in walk._seen:
-        walk._seen.add(key)
-        walk.refs.append(ref)

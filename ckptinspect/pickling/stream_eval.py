@@ -24,6 +24,7 @@ from typing import Any
 
 from ckptinspect.pickling.builders import BUILDERS, DType, StorageType
 from ckptinspect.pickling.allowlist import TORCH_DTYPES, TORCH_STORAGE_DTYPES, GlobalClass, classify
+from ckptinspect.pickling.callables import callable_safely, creatable_safely
 from ckptinspect.pickling.unpickle import PickleReport
 
 LOW_MEMO = 1 << 16  # memo slots that keep any value
@@ -57,12 +58,14 @@ class Fallback(Exception):
 class Global:
     """An allowed class seen in the pickle (never imported): instances become `Inst`."""
 
-    __slots__ = ("qual", "rec", "plan")
+    __slots__ = ("qual", "rec", "plan", "call_ok", "new_ok")
 
-    def __init__(self, qual: str, name: str) -> None:
+    def __init__(self, qual: str, name: str, call_ok: bool = False, new_ok: bool = False) -> None:
         self.qual = qual
         self.rec = qual in REC_CLASSES
         self.plan = name.endswith("SavePlan")
+        self.call_ok = call_ok  # REDUCE on it runs no code (`callables.callable_safely`)
+        self.new_ok = new_ok  # NEWOBJ on it runs no code (`callables.creatable_safely`)
 
 
 class Inst:
@@ -333,7 +336,8 @@ def resolve_global(module: str, name: str, report: PickleReport, cache: dict[str
     elif module in ("torch", "torch.storage") and name in TORCH_STORAGE_DTYPES:
         value = StorageType(TORCH_STORAGE_DTYPES[name])
     else:
-        value = Global(qual, name)  # named as spelled, as the reference's stand-in classes are
+        # named as spelled, as the reference's stand-in classes are; judged as the unpickler would import it
+        value = Global(qual, name, callable_safely(module, name), creatable_safely(module, name))
     cache[qual] = (value, verdict)
     return value
 

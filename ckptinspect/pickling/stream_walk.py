@@ -91,6 +91,8 @@ class Walker:
         keeps them as ``_args`` in its attributes (`unpickle.Obj.__new__`)."""
         if cls.__class__ is not Global or type(args) is not tuple:
             raise Fallback("NEWOBJ on a non-class")
+        if not cls.new_ok:  # the reference judges it (a call: CK604)
+            raise Fallback(f"NEWOBJ on {cls.qual}, which may run code")
         inst = Inst(cls)
         if not cls.rec:
             inst.state = {"_args": args} if args else {}
@@ -100,12 +102,14 @@ class Walker:
         if type(args) is not tuple:
             raise Fallback("REDUCE arguments are not a tuple")
         if fn is _RECONSTRUCT:
-            if not args or args[0].__class__ is not Global or args[0].rec:
-                raise Fallback("copyreg._reconstructor")
-            return Inst(args[0])
+            # `base.__new__(cls, state)` + `base.__init__`: no DCP writer uses it (protocol 0/1 only); the reference
+            # judges what it runs.
+            raise Fallback("copyreg._reconstructor")
         if fn.__class__ is Global:
             if fn.rec:
                 raise Fallback("REDUCE on a record class")
+            if not fn.call_ok:  # `cls(*args)` runs its `__init__`: the reference judges it (CK604)
+                raise Fallback(f"REDUCE on {fn.qual}, which may run code")
             return self.new_inst(fn, args)
         if not callable(fn):
             raise Fallback("REDUCE on a value")

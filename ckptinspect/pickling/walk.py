@@ -21,6 +21,10 @@ Tricks it handles:
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -119,9 +123,34 @@ def is_pickle_start(head: bytes) -> bool:
 def walk_pickle(
     data: bytes | bytearray | memoryview, max_ops: int = MAX_OPS, max_stack: int = MAX_STACK
 ) -> PickleWalk:
-    """Walk every pickle in `data` and return the globals they reference. Never raises for bad input."""
+    """Walk every pickle in `data` and return the globals they reference. Never raises for bad input.
+
+    A walk is a pure function of the bytes: the same bytes walked again in this process (`audit` and `scan` of one
+    checkpoint both walk every `.metadata` and every `data.pkl`) are answered from a small cache keyed by a digest of
+    the bytes, as a copy the caller may change."""
     buf = data if isinstance(data, bytes) else bytes(data)
-    return _walk(Source(buf), max_ops, max_stack)
+    key = (hashlib.blake2b(buf, digest_size=20).digest(), len(buf), max_ops, max_stack)
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+    if hit is not None:
+        return _copy(hit)
+    walk = _walk(Source(buf), max_ops, max_stack)
+    with _CACHE_LOCK:
+        _CACHE[key] = _copy(walk)
+        while len(_CACHE) > _CACHE_ENTRIES:
+            _CACHE.popitem(last=False)
+    return walk
+
+
+_CACHE_ENTRIES = 256
+_CACHE: OrderedDict[tuple[bytes, int, int, int], PickleWalk] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+
+
+def _copy(w: PickleWalk) -> PickleWalk:
+    return dataclasses.replace(w, refs=list(w.refs), called=dict(w.called), blobs=list(w.blobs), _seen=set(w._seen))
 
 
 def walk_stream(f: IO[bytes], length: int, max_ops: int = MAX_OPS, max_stack: int = MAX_STACK) -> PickleWalk:

@@ -1,9 +1,11 @@
 """The walker's model of values and input: stack values (`_Val`, plain depth ints), the byte source (`Source`:
-a buffer, or a stream read in windows), the `Stop` signal, and `GlobalRef`. Used by `engine.py` only.
+a buffer, or a stream read in windows), the `Stop` signal, `GlobalRef`, and the decoding of opcode arguments (string
+and memo-index arguments, length claims). Used by `engine.py` and `judge.py` only.
 """
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from typing import IO
 
@@ -11,6 +13,7 @@ from ckptinspect.pickling.allowlist import GlobalClass
 
 MAX_LINE = 1 << 20  # protocol-0 argument lines
 WINDOW = 8 << 20  # stream read size
+MAX_TRACKED_STR = 1024  # longer strings cannot be module/attribute names worth tracking: kept as opaque values
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,20 +34,25 @@ class GlobalRef:
 class _Val:
     """A tracked non-string stack value: a global, or a value built from globals that may not be called."""
 
-    __slots__ = ("qual", "call_ok", "new_ok", "through", "taint", "ntaint", "depth")
+    __slots__ = ("qual", "call_ok", "new_ok", "init_ok", "through", "taint", "ntaint", "depth", "parts")
 
     def __init__(self, qual: str | None, taint: frozenset[str], ntaint: frozenset[str], depth: int,
-                 call_ok: bool = False, new_ok: bool = False, through: int = 0) -> None:
+                 call_ok: bool = False, new_ok: bool = False, through: int = 0, init_ok: bool = False,
+                 parts: tuple[object, ...] | None = None) -> None:
         self.qual = qual  # set for a global as pushed; None for a derived value
         self.call_ok = call_ok  # REDUCE / OBJ / INST on it runs no code
-        self.new_ok = new_ok  # NEWOBJ on it runs no code (an allowed class)
-        self.through = through  # 0, or what it does to its arguments: _THROUGH_CALL / _THROUGH_NEW
+        self.new_ok = new_ok  # NEWOBJ on it runs no code (`callables.creatable_safely`)
+        self.init_ok = init_ok  # `copyreg._reconstructor` may take it as `base` (`callables.init_safely`)
+        self.through = through  # 0, or what it does to its arguments: _THROUGH_CALL / _THROUGH_NEW / _RECONSTRUCT
         self.taint = taint  # globals inside that may not be called
         self.ntaint = ntaint  # globals inside that may not even be instantiated (outside the allowlist)
         self.depth = depth
+        # a tuple of at most 3 items holding a global (TUPLE1/2/3, TUPLE): its items, for the calls whose verdict
+        # depends on which argument is which (`copyreg._reconstructor(cls, base, state)`)
+        self.parts = parts
 
 
-_THROUGH_CALL, _THROUGH_NEW = 2, 1
+_THROUGH_CALL, _THROUGH_NEW, _RECONSTRUCT = 2, 1, 3
 
 
 _EMPTY: frozenset[str] = frozenset()
@@ -77,6 +85,15 @@ def _combine(values: list[object], extra: int = 1) -> object:
                     ntaint = ntaint | v.ntaint  # type: ignore[attr-defined]
     depth += extra
     return _Val(None, taint, ntaint, depth) if taint else depth
+
+
+def _tuple_of(items: list[object]) -> _Val:
+    """The value of a small tuple that holds a global: as `_combine`, with its items kept."""
+    v = _combine(items)
+    if isinstance(v, _Val):
+        v.parts = tuple(items)
+        return v
+    return _Val(None, _EMPTY, _EMPTY, _depth(v), parts=tuple(items))
 
 
 class Stop(Exception):
@@ -144,3 +161,54 @@ class Source:
             pos = self.fill(pos, have + 1)
             nl = self.buf.find(b"\n", pos + have)
         return pos, nl
+
+
+# --- opcode arguments -------------------------------------------------------------------------------------------------
+
+
+def _length_claim(name: str, offset: int, claimed: int, remaining: int, total: int) -> Stop:
+    """A length field pointing past the data: a resource-bound violation when the claim is absurd for the stream
+    (beyond 4 GiB or 16× the whole pickle), otherwise plain truncation."""
+    if claimed > (1 << 32) or claimed > 16 * total:
+        return Stop(f"{name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset, limit=True)
+    return Stop(f"truncated: {name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset)
+
+
+def _text_index(arg: bytes, offset: int) -> int:
+    """The memo index of a protocol-0 PUT / GET (a decimal line)."""
+    text = arg.decode("ascii", "replace").strip()
+    if not text.isdigit() or len(text) > 12:
+        raise Stop(f"bad memo index {arg[:20]!r} at byte {offset}", offset)
+    return int(text)
+
+
+_S, _V, _T_OP, _U = ord("S"), ord("V"), ord("T"), ord("U")
+
+
+def _decode_str(code: int, raw: bytes | None) -> object:
+    """The str a string opcode pushes (as the unpickler decodes it), 0 (an untracked scalar) when too long /
+    undecodable, None for a protocol-0 STRING that is not quoted (the unpickler rejects it)."""
+    if raw is None:
+        return 0
+    try:
+        if code == _S:
+            # STRING: a repr-quoted line, escape-decoded (pickle.py load_string).
+            if len(raw) < 2 or raw[0] != raw[-1] or raw[:1] not in (b"'", b'"'):
+                return None
+            value = codecs.escape_decode(raw[1:-1])[0].decode("utf-8")
+        elif code == _V:
+            value = raw.decode("raw-unicode-escape")
+        elif code == _T_OP or code == _U:
+            value = raw.decode("utf-8")
+        else:
+            value = raw.decode("utf-8", "surrogatepass")
+    except (UnicodeDecodeError, ValueError):
+        return 0
+    return value if len(value) <= MAX_TRACKED_STR else 0
+
+
+def _line_pair(arg: bytes | None, name: str, offset: int) -> tuple[str, str]:
+    if arg is None or b"\n" not in arg:
+        raise Stop(f"{name} at byte {offset} lacks module/name lines", offset)
+    module_b, name_b = arg.split(b"\n", 1)
+    return module_b.decode("utf-8", "replace"), name_b.decode("utf-8", "replace")

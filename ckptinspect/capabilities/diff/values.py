@@ -6,8 +6,16 @@ Where a chunk's bytes are:
   ``.distcp`` file; its ``data/<storage key>`` record holds the raw bytes of the chunk's storage (stored, not
   compressed), in the byte order named by the archive's ``byteorder`` record. The archive's `data.pkl` says the
   storage offset and strides (DCP clones views before saving, so this is normally a contiguous whole storage).
-- legacy ``torch`` files: the legacy reader points `StoredItem` at the tensor's payload inside the `.pt` file
-  directly (contiguous, little-endian, as `torch.save` writes on every platform we support).
+- legacy ``torch`` files: the legacy reader points `StoredItem` at the tensor's first element inside the `.pt` file
+  (little-endian, as `torch.save` writes on every platform we support). `torch.save` keeps views as views (a
+  transposed or expanded tensor is its storage plus strides), so the file's `data.pkl` is read again here (once per
+  file, the same allowlisting unpickler) for each tensor's storage record, offset and strides.
+
+Views with a zero stride (`torch.zeros(1).expand(10**8)`: 4 stored bytes for 10**8 elements) are compared without
+expanding them: an axis along which both sides repeat one stored element is compared once and counted as its length,
+so work follows the stored elements. A pair of views whose overlap would still take far more comparisons than the
+elements they store (A repeats along one axis, B along another) is not compared (`ReadError`, the key is skipped
+with that reason).
 
 Nothing is loaded whole: chunks are memory-mapped, and the overlap of one A chunk with one B chunk is compared in
 slabs of at most `SLAB_ELEMENTS` elements, so memory stays bounded whatever the chunk sizes. When the chunk grids of A
@@ -19,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,8 @@ from ckptinspect.safeio import open_regular
 from ckptinspect.errors import ReadError
 from ckptinspect.formats._files import read_item_archive
 from ckptinspect.pickling.builders import TensorRef
+from ckptinspect.pickling.plain import to_plain, walk_tensors
+from ckptinspect.pickling.torch_archive import read_torch_file
 from ckptinspect.model import Chunk, StrEnum, Tensor, dtype_size
 
 # Elements per compared slab (a few temporaries of this many elements live at once: ~100 MB at float64).
@@ -57,6 +67,8 @@ _NUMPY: dict[str, tuple[str, ValueKind]] = {
 _BITS = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (lo, hi) corners, hi exclusive
+# A view `data.pkl` describes: (record data offset, record size, storage offset in elements, strides in elements)
+_View = tuple[int, int, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +77,15 @@ class ChunkSource:
 
     root: the checkpoint dir (`StoredItem.file` is relative to it).
     raw: True when `StoredItem`s point at raw tensor payloads (legacy `.pt`), False for torch archives (DCP).
+    views: for `raw`, per file: the views its `data.pkl` describes, by (first-element offset, shape, dtype) — read
+      once per file by `open_chunk`.
     """
 
     root: Path
     raw: bool
+    views: dict[str, dict[tuple[int, tuple[int, ...], str], set[_View]]] = field(
+        default_factory=dict, compare=False, repr=False)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +166,13 @@ def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
     shape = tuple(chunk.sizes)
     count = math.prod(shape)
     if src.raw:
-        return _map(src.root / item.file, "<" + code, item.offset, item.length, 0, shape, None)
+        views = _legacy_views(src, item.file).get((item.offset, shape, dtype), set())
+        if len(views) != 1:
+            raise ReadError(f"{item.file}@{item.offset}: " + ("no tensor of this shape and dtype in data.pkl"
+                            if not views else "several views of this shape and dtype at this offset"))
+        rec_offset, rec_size, storage_offset, stride = next(iter(views))
+        strides = stride if count and stride != _contiguous(shape) else None
+        return _map(src.root / item.file, "<" + code, rec_offset, rec_size, storage_offset, shape, strides)
     archive = read_item_archive(src.root, item)
     ref = archive.obj
     if not isinstance(ref, TensorRef):
@@ -176,6 +199,29 @@ def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
                 shape, strides)
 
 
+def _legacy_views(src: ChunkSource, rel: str) -> dict[tuple[int, tuple[int, ...], str], set[_View]]:
+    """The views `data.pkl` of the legacy file `rel` describes, keyed as the legacy reader's `StoredItem`s are
+    (`formats/legacy.py`: record offset + storage offset × element size)."""
+    hit = src.views.get(rel)
+    if hit is not None:
+        return hit
+    archive = read_torch_file(src.root / rel)
+    if archive.report.unsafe:
+        raise ReadError(f"{rel}: pickle would run code; values not read")
+    out: dict[tuple[int, tuple[int, ...], str], set[_View]] = {}
+    for _, ref in walk_tensors(to_plain(archive.obj)):
+        rec = archive.records.get(f"data/{ref.storage_key}")
+        size = dtype_size(ref.dtype) or 0
+        if rec is None or rec.data_offset < 0 or rec.compressed or not size:
+            continue
+        view = (rec.data_offset, rec.size, ref.storage_offset, tuple(ref.stride))
+        out.setdefault((rec.data_offset + ref.storage_offset * size, tuple(ref.shape), ref.dtype), set()).add(view)
+    if len(src.views) > 64:
+        src.views.clear()  # bounded: a diff walks one file after the other
+    src.views[rel] = out
+    return out
+
+
 def _map(path: Path, code: str, offset: int, length: int, storage_offset: int, shape: tuple[int, ...],
          strides: tuple[int, ...] | None) -> npt.NDArray[Any]:
     dt = np.dtype(code)
@@ -183,11 +229,9 @@ def _map(path: Path, code: str, offset: int, length: int, storage_offset: int, s
     if count == 0:
         return np.zeros(shape, dtype=dt)
     n = length // dt.itemsize
+    if strides is not None and len(strides) != len(shape):
+        raise ReadError(f"{path.name}@{offset}: {len(strides)} strides for a {len(shape)}-d tensor")
     span = storage_offset + (1 + sum((s - 1) * st for s, st in zip(shape, strides)) if strides else count)
-    if strides and any(st == 0 and sz > 1 for sz, st in zip(shape, strides)):
-        # A stride-0 view repeats storage elements: a few stored bytes would stand for any number of elements (and
-        # as much comparison work). DCP clones views before saving; such a chunk is not a stored tensor.
-        raise ReadError(f"{path.name}@{offset}: tensor view with a zero stride over {count} elements")
     if storage_offset < 0 or span > n or (strides and min(strides) < 0):
         raise ReadError(f"{path.name}@{offset}: tensor view [{storage_offset}, {span}) outside its storage ({n})")
     try:
@@ -245,13 +289,40 @@ def _slabs(lo: tuple[int, ...], hi: tuple[int, ...]) -> Iterator[tuple[tuple[int
         yield (start, *lo[1:]), (min(start + rows, hi[0]), *hi[1:])
 
 
+def _collapse(va: npt.NDArray[Any], vb: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any], int]:
+    """Keep one index of every axis along which both views repeat one element (stride 0 on both sides): the values
+    do not change along it. Returns the views and how many elements each compared one stands for. Raises
+    `ReadError` when what is left would take far more comparisons than the elements the two views store."""
+    weight = 1
+    index: list[slice] = []
+    for ax, n in enumerate(va.shape):
+        if n > 1 and va.strides[ax] == 0 and vb.strides[ax] == 0:
+            weight *= n
+            index.append(slice(0, 1))
+        else:
+            index.append(slice(None))
+    va, vb = va[tuple(index)], vb[tuple(index)]
+    work = math.prod(va.shape)
+    stored = sum(math.prod(n for n, st in zip(v.shape, v.strides) if st) for v in (va, vb))
+    if work > 2 * stored + SLAB_ELEMENTS:
+        raise ReadError(f"views repeat stored elements along different axes: {work} comparisons for {stored} "
+                        "stored elements; values not compared")
+    return va, vb, weight
+
+
 def _compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDArray[Any], off_b: tuple[int, ...],
                  inter: Box, dtype: str, acc: _Acc) -> None:
     kind = _NUMPY.get(dtype, ("", ValueKind.BITS))[1]
-    for lo, hi in _slabs(*inter):
-        xa = _values(arr_a[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, off_a))], kind)
-        xb = _values(arr_b[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, off_b))], kind)
-        acc.compared += int(xa.size)
+    lo0, hi0 = inter
+    va, vb, weight = _collapse(arr_a[tuple(slice(l - o, h - o) for l, h, o in zip(lo0, hi0, off_a))],
+                               arr_b[tuple(slice(l - o, h - o) for l, h, o in zip(lo0, hi0, off_b))])
+    zero = tuple(0 for _ in va.shape)
+    for lo, hi in _slabs(zero, tuple(va.shape)):
+        cut = tuple(slice(l, h) for l, h in zip(lo, hi))
+        xa = _values(va[cut], kind)
+        xb = _values(vb[cut], kind)
+        lo = tuple(a + b for a, b in zip(lo, lo0))  # global coordinates (a collapsed axis keeps its first index)
+        acc.compared += int(xa.size) * weight
         if kind in (ValueKind.FLOAT, ValueKind.BF16):
             with np.errstate(invalid="ignore"):
                 same = (xa == xb) | (np.isnan(xa) & np.isnan(xb))
@@ -261,7 +332,7 @@ def _compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDA
         n = int(np.count_nonzero(mism))
         if not n:
             continue
-        acc.mismatched += n
+        acc.mismatched += n * weight
         if acc.first is None:
             local = np.unravel_index(int(np.argmax(mism)), mism.shape) if mism.ndim else ()
             acc.first = tuple(int(l) + int(i) for l, i in zip(lo, local))
