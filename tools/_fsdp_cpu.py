@@ -182,15 +182,7 @@ def _run(rank: int, cfg: dict, M) -> None:
             toks = torch.randint(0, c["vocab_size"], (mbs, seq + 1), generator=data_gen)
             yield toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
 
-    def forward_step(data_iterator, model_):
-        tokens, labels = next(data_iterator)
-        out = model_(tokens, position_ids, attn_mask, labels=labels)
-
-        def loss_func(output_tensor):
-            loss = output_tensor.float().mean()
-            return loss, {"lm loss": loss.detach()}
-
-        return out, loss_func
+    forward_step = M.gpt_forward_step(position_ids, attn_mask)
 
     fwd_bwd = get_forward_backward_func()
     it = data_iter()

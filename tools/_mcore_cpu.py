@@ -509,15 +509,7 @@ def _run_megatron(rank: int, cfg: dict) -> None:
             toks = torch.randint(0, c["vocab_size"], (mbs, seq + 1), generator=data_gen)
             yield toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
 
-    def forward_step(data_iterator, model_):
-        tokens, labels = next(data_iterator)
-        out = model_(tokens, position_ids, attn_mask, labels=labels)
-
-        def loss_func(output_tensor):
-            loss = output_tensor.float().mean()
-            return loss, {"lm loss": loss.detach()}
-
-        return out, loss_func
+    forward_step = gpt_forward_step(position_ids, attn_mask)
 
     fwd_bwd = get_forward_backward_func()
     it = data_iter()
@@ -683,6 +675,23 @@ def _content_metadata(c: dict) -> dict:
     if c["optim_sharding"] == "fully_reshardable":
         metadata["distrib_optim_fully_reshardable_mem_efficient"] = False
     return metadata
+
+
+def gpt_forward_step(position_ids, attn_mask):
+    """The forward step every sample writer hands Megatron's pipeline schedule: the GPT on one batch of random
+    tokens, loss = the mean LM loss (a real backward / optimizer step follows in the schedule)."""
+
+    def forward_step(data_iterator, model_):
+        tokens, labels = next(data_iterator)
+        out = model_(tokens, position_ids, attn_mask, labels=labels)
+
+        def loss_func(output_tensor):
+            loss = output_tensor.float().mean()
+            return loss, {"lm loss": loss.detach()}
+
+        return out, loss_func
+
+    return forward_step
 
 
 def _patch_distopt_state_without_step() -> None:

@@ -335,15 +335,7 @@ def _run(rank: int, c: dict) -> None:
             yield (toks[:, :-1][:, lo:lo + local].contiguous(),
                    toks[:, 1:][:, lo:lo + local].contiguous())
 
-    def forward_step(data_iterator, model_):
-        tokens, labels = next(data_iterator)
-        out = model_(tokens, position_ids, attn_mask, labels=labels)
-
-        def loss_func(output_tensor):
-            loss = output_tensor.float().mean()
-            return loss, {"lm loss": loss.detach()}
-
-        return out, loss_func
+    forward_step = base.gpt_forward_step(position_ids, attn_mask)
 
     fwd_bwd = get_forward_backward_func()
     _train_mode(c, model)
