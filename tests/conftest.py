@@ -50,3 +50,46 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if MISSING_FIXTURE.search(reason):
             report.outcome = "failed"
             report.longrepr = f"skipped for a missing fixture, which is a failure here: {reason}"
+
+
+# --- the fuzz suite's summary under pytest-xdist (tests/fuzz_stats.py) ----------------------------------------------
+
+_FUZZ_WORKER_STATS: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Draw the fuzz seed once per session, before any pytest-xdist worker starts (they inherit the environment),
+    so every worker's part of the fuzz suite uses the same seed and the summary can name it."""
+    import os
+    import random
+
+    if "CKPTINSPECT_FUZZ_SEED" not in os.environ and not hasattr(config, "workerinput"):
+        os.environ["CKPTINSPECT_FUZZ_SEED"] = str(random.SystemRandom().randrange(1 << 32))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist controller: keep the fuzz statistics a worker sent."""
+    from fuzz_stats import WORKER_KEY
+
+    doc = getattr(node, "workeroutput", {}).get(WORKER_KEY)
+    if doc:
+        _FUZZ_WORKER_STATS.append(doc)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """xdist controller: the fuzz section a serial run prints (tests/test_fuzz.py), from every worker's part."""
+    if not _FUZZ_WORKER_STATS:
+        return
+    import os
+
+    from fuzz_stats import Stats, summary_lines
+
+    merged = Stats()
+    for doc in _FUZZ_WORKER_STATS:
+        merged.merge(doc)
+    terminalreporter.section("ckptinspect fuzz")
+    for line in summary_lines(merged, os.environ.get("CKPTINSPECT_FUZZ_SEED", "?"),
+                              os.environ.get("CKPTINSPECT_FUZZ_CASES", "1000"),
+                              os.environ.get("CKPTINSPECT_FUZZ_ONLY")):
+        terminalreporter.write_line(line)

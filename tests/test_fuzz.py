@@ -37,6 +37,7 @@ from typer.testing import CliRunner
 from ckptinspect.cli.app import app as main_app
 from ckptinspect.cli.scan_cmd import register
 from fuzz_hostile_ops import HOSTILE_OPS
+from fuzz_stats import WORKER_KEY, Stats, summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = Path(os.environ.get("CKPTINSPECT_SAMPLES", REPO / "sample_ckpts"))
@@ -59,39 +60,24 @@ MAX_REPORTED = 12
 # --- session statistics, printed in the terminal summary ----------------------------------------------------------
 
 
-@dataclass
-class Stats:
-    cases: int = 0
-    runs: int = 0
-    seconds: float = 0.0
-    slowest: tuple[float, str] = (0.0, "")
-    exit_codes: dict[int, int] = field(default_factory=dict)
-    per_base: dict[str, int] = field(default_factory=dict)
-    failures: int = 0
-    skipped_bases: list[str] = field(default_factory=list)
-
-
 STATS = Stats()
 
 
 class _Summary:
-    """A plugin registered at runtime so the seed and counts show in every CI log, whatever `-q` / `-r` say."""
+    """A plugin registered at runtime so the seed and counts show in every CI log, whatever `-q` / `-r` say. In a
+    pytest-xdist worker it hands its statistics to the controller instead (tests/conftest.py prints them merged)."""
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[WORKER_KEY] = STATS.to_json()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        s = STATS
-        tr = terminalreporter
-        tr.section("ckptinspect fuzz")
-        tr.write_line(f"seed={SEED} cases={s.cases} (requested {CASES}) runs={s.runs} time={s.seconds:.1f}s "
-                      f"failures={s.failures}")
-        tr.write_line("per base: " + ", ".join(f"{k}={v}" for k, v in sorted(s.per_base.items())))
-        tr.write_line("exit codes: " + ", ".join(f"{k}:{v}" for k, v in sorted(s.exit_codes.items())))
-        if s.slowest[1]:
-            tr.write_line(f"slowest run: {s.slowest[0]:.2f}s {s.slowest[1]}")
-        if s.skipped_bases:
-            tr.write_line("skipped bases (not available): " + ", ".join(s.skipped_bases))
-        only = f" CKPTINSPECT_FUZZ_ONLY={ONLY}" if ONLY is not None else ""
-        tr.write_line(f"reproduce: CKPTINSPECT_FUZZ_SEED={SEED} CKPTINSPECT_FUZZ_CASES={CASES}{only} "
-                      "pytest tests/test_fuzz.py")
+        if hasattr(terminalreporter.config, "workeroutput"):
+            return
+        terminalreporter.section("ckptinspect fuzz")
+        for line in summary_lines(STATS, SEED, CASES, ONLY):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -440,18 +426,26 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _indices(base_pos: int) -> list[int]:
+# Each base's cases are split into PARTS tests (case i of a base goes to part (i // len(BASES)) % PARTS), so a
+# parallel run (pytest-xdist) can spread them; the cases, their seeds and their checks are the same in any split.
+PARTS = 3
+
+
+def _indices(base_pos: int, part: int) -> list[int]:
+    def mine(i: int) -> bool:
+        return i % len(BASES) == base_pos and (i // len(BASES)) % PARTS == part
+
     if ONLY is not None:
-        i = int(ONLY)
-        return [i] if i % len(BASES) == base_pos else []
-    return [i for i in range(CASES) if i % len(BASES) == base_pos]
+        return [int(ONLY)] if mine(int(ONLY)) else []
+    return [i for i in range(CASES) if mine(i)]
 
 
+@pytest.mark.parametrize("part", range(PARTS))
 @pytest.mark.parametrize("base", list(BASES))
-def test_fuzz(base: str, pristine: dict[str, Path], tmp_path: Path) -> None:
+def test_fuzz(base: str, part: int, pristine: dict[str, Path], tmp_path: Path) -> None:
     if base not in pristine:
         pytest.skip(f"{BASES[base]} not available")
-    indices = _indices(list(BASES).index(base))
+    indices = _indices(list(BASES).index(base), part)
     if not indices:
         pytest.skip("no case of this base selected")
     main, scan_only = _apps()
