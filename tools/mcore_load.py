@@ -224,7 +224,10 @@ def _build(cfg: dict):
     )
     model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=gpt)
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-4, weight_decay=0.1, adam_beta1=0.9,
+        # lr / min_lr are part of Megatron's param-group key (DistributedOptimizer.load_state_dict matches groups by
+        # it): they must be the saving run's (--lr / --min-lr; the samples' generator used 1e-3 / 1e-4)
+        OptimizerConfig(optimizer="adam", lr=m.get("lr", 1e-3), min_lr=m.get("min_lr", 1e-4), weight_decay=0.1,
+                        adam_beta1=0.9,
                         adam_beta2=0.95, clip_grad=1.0, use_distributed_optimizer=True,
                         params_dtype=torch.float32),
         [model],
@@ -265,6 +268,9 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--padded-vocab-size", type=int, default=128)
     p.add_argument("--seq-length", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3, help="the saving run's --lr (part of the param-group key)")
+    p.add_argument("--min-lr", type=lambda v: None if v.lower() == "none" else float(v), default=1e-4,
+                   help="the saving run's --min-lr ('none' when its OptimizerConfig had none, as the 0.19.2 sample's)")
     p.add_argument("--case", action="append", required=True,
                    help="ID=CKPT_DIR:optim|model (repeatable)")
     p.add_argument("--out", help="write the JSON result here (default: stdout)")
@@ -278,7 +284,7 @@ def main(argv=None) -> int:
         path, what = rest.rsplit(":", 1)
         cases.append((cid, path, what == "optim"))
     model = {"layers": a.layers, "hidden": a.hidden, "heads": a.heads,
-             "padded_vocab_size": a.padded_vocab_size, "seq_length": a.seq_length}
+             "padded_vocab_size": a.padded_vocab_size, "seq_length": a.seq_length, "lr": a.lr, "min_lr": a.min_lr}
     res = load_cases(cases, a.tp, a.pp, a.dp, model, a.timeout)
     if a.record:
         _record(a.record, res, cases, a)
