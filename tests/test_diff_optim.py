@@ -107,3 +107,11 @@ def test_summary_needs_optimizer_state_on_both_sides() -> None:
     assert pair_aliases(["optimizer.state.fp32_param.w"], ["optimizer.state.param.w", "optimizer.state.param.v"]) == (
         ("optimizer.state.fp32_param.w", "optimizer.state.param.w"),)
     assert pair_aliases(["optimizer.state.exp_avg.w"], ["optimizer.state.param.w"]) == ()
+
+
+def test_same_run_saved_by_013_and_014_is_value_identical() -> None:
+    """0.13.1 and 0.14.0 wrote the same seeded run in the same flattened format: every tensor, the 51 reformulated
+    optimizer tensors included (compared chunk by chunk in their common on-disk space), has the same values."""
+    r = diff_paths(FLAT_013, ROOT / "mcore_0_14_0" / "iter_0000001", values=True)
+    assert not r.blocking and r.values is not None
+    assert len(r.values.compared) == len(r.values.identical) == 68 and not r.values.skipped
