@@ -156,6 +156,20 @@ class Tensor:
         """Bytes the chunks occupy on disk, archive overhead included."""
         return sum(c.storage.length for c in self.chunks if c.storage is not None)
 
+    @property
+    def reformulated_local(self) -> tuple[int, ...] | None:
+        """For an N-D reformulated tensor (Megatron-Core 0.8-0.15 flattened DistOpt state, `mcore_data`), stored as
+        (*grid, local numel): the shape of one grid cell in the original tensor, so that original axis i is
+        grid[i] blocks of local[i]. None when the tensor is not reformulated or the shapes do not fit together."""
+        orig = self.orig_shape
+        if orig is None or len(self.shape) != len(orig) + 1:
+            return None
+        grid = self.shape[:-1]
+        if any(g < 1 or o % g for g, o in zip(grid, orig)):
+            return None
+        local = tuple(o // g for o, g in zip(orig, grid))
+        return local if math.prod(local) == self.shape[-1] else None
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectItem:

@@ -336,14 +336,8 @@ def orig_region(t: Tensor, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> 
     sample_ckpts/mcore_0_13_1, e.g. output_layer (128, 16) at TP2 -> (2, 1, 1024)). The region's first and last
     elements are given as original coordinates, with the block (grid cell) and flat range they came from.
     """
-    orig = t.orig_shape
-    if orig is None or len(t.shape) != len(orig) + 1 or not offsets or not sizes or 0 in sizes:
-        return None
-    grid = t.shape[:-1]
-    if any(g < 1 or o % g for g, o in zip(grid, orig)):
-        return None
-    local = tuple(o // g for o, g in zip(orig, grid))
-    if math.prod(local) != t.shape[-1]:
+    local = t.reformulated_local
+    if local is None or not offsets or not sizes or 0 in sizes:
         return None
 
     def coords(block: tuple[int, ...], flat: int) -> list[int]:

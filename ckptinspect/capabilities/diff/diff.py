@@ -273,11 +273,12 @@ def diff_checkpoints(
             notes.append(f"{side} was read with errors ({', '.join(codes)}): the comparison may be partial")
     both_legacy = a.format is Format.TORCH and b.format is Format.TORCH
     args = diff_args(a.args, b.args, both_legacy) if a.args is not None and b.args is not None else ()
+    names_a, names_b = _names(a), _names(b)
     if both_legacy or (a.format in _GLOBAL and b.format in _GLOBAL):
-        tensors = diff_tensors(_names(a), _names(b))
+        tensors = diff_tensors(names_a, names_b)
         if tensors.common == 0 and a.tensors and b.tensors:
             notes.append("no tensor key in common: different models or naming schemes")
-        fmt_a, fmt_b = optim.formats(_names(a), a.objects), optim.formats(_names(b), b.objects)
+        fmt_a, fmt_b = optim.formats(names_a, a.objects), optim.formats(names_b, b.objects)
         only_a, only_b, summary = optim.summarise(tensors.only_in_a, tensors.only_in_b, fmt_a, fmt_b)
         if summary or (fmt_a and fmt_b and fmt_a != fmt_b):
             notes.append(optim.describe({"A": fmt_a, "B": fmt_b}))
@@ -294,9 +295,8 @@ def diff_checkpoints(
             notes.append("values not compared: tensors are not comparable")
             report = ValuesReport((), (), (), 0)
         else:
-            names_b = _names(b)
             aligned_b = {**names_b, **{ka: names_b[kb] for ka, kb in tensors.renamed}}  # B's tensor under A's key
-            vchanges, report = _compare_values(a, b, _names(a), aligned_b, tensors, a_dir, b_dir, progress)
+            vchanges, report = _compare_values(a, b, names_a, aligned_b, tensors, a_dir, b_dir, progress)
             tensors = KeyDiff(True, tensors.common, tensors.only_in_a, tensors.only_in_b, tensors.changed + vchanges,
                               tensors.renamed, tensors.optimizer)
     meta = diff_meta(a, b) if a.format is not None and b.format is not None else ()

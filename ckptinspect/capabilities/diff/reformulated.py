@@ -29,18 +29,7 @@ MAX_ELEMENTS = 1 << 25
 
 def reformulated(t: Tensor) -> bool:
     """True when `t` is stored N-D reformulated and its original shape can be restored from the stored one."""
-    return _local(t) is not None
-
-
-def _local(t: Tensor) -> tuple[int, ...] | None:
-    orig = t.orig_shape
-    if orig is None or len(t.shape) != len(orig) + 1:
-        return None
-    grid = t.shape[:-1]
-    if any(g < 1 or o % g for g, o in zip(grid, orig)):
-        return None
-    local = tuple(o // g for o, g in zip(orig, grid))
-    return local if math.prod(local) == t.shape[-1] else None
+    return t.reformulated_local is not None
 
 
 def _assemble(t: Tensor, src: ChunkSource) -> npt.NDArray[Any]:
@@ -57,7 +46,7 @@ def _assemble(t: Tensor, src: ChunkSource) -> npt.NDArray[Any]:
         covered += math.prod(c.sizes)
     if covered != math.prod(t.shape):
         raise ReadError(f"{t.key}: stored chunks cover {covered} of {math.prod(t.shape)} elements")
-    local = _local(t)
+    local = t.reformulated_local
     if local is None:
         return out
     grid = t.shape[:-1]
