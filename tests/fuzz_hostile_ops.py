@@ -45,16 +45,24 @@ def op_member_case(rng: random.Random, root: Path, t: Path | None, files: list[P
     return f"member case {new.decode()} in {p.relative_to(root)}"
 
 
-def op_duplicate_member(rng: random.Random, root: Path, t: Path | None, files: list[Path],
-                        dirs: list[Path]) -> str | None:
+def _pick_pt(rng: random.Random, files: list[Path]) -> tuple[Path, list[tuple[str, bytes]]] | None:
+    """One `.pt` file of the case, drawn by `rng`, with its zip entries; None when there is no `.pt` file or the one
+    drawn is not a readable, non-empty zip."""
     cands = [f for f in _pt_files(files) if f.suffix == ".pt"]
     if not cands:
         return None
     p = rng.choice(cands)
     entries = _entries(p)
-    main = next((n for n, _ in entries or [] if n.endswith("/data.pkl")), None)
-    if entries is None or main is None:
+    return (p, entries) if entries else None
+
+
+def op_duplicate_member(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                        dirs: list[Path]) -> str | None:
+    picked = _pick_pt(rng, files)
+    main = next((n for n, _ in picked[1] if n.endswith("/data.pkl")), None) if picked else None
+    if picked is None or main is None:
         return None
+    p, entries = picked
     extra = (main if rng.random() < 0.5 else main.upper(), _evil() if rng.random() < 0.7 else b"\x80\x02K\x01.")
     entries = [extra] + entries if rng.random() < 0.5 else entries + [extra]
     p.write_bytes(write_zip(entries))
@@ -63,13 +71,10 @@ def op_duplicate_member(rng: random.Random, root: Path, t: Path | None, files: l
 
 def op_second_directory(rng: random.Random, root: Path, t: Path | None, files: list[Path],
                         dirs: list[Path]) -> str | None:
-    cands = [f for f in _pt_files(files) if f.suffix == ".pt"]
-    if not cands:
+    picked = _pick_pt(rng, files)
+    if picked is None or not any(n.endswith("/data.pkl") for n, _ in picked[1]):
         return None
-    p = rng.choice(cands)
-    entries = _entries(p)
-    if not entries or not any(n.endswith("/data.pkl") for n, _ in entries):
-        return None
+    p, entries = picked
     evil = [(n, _evil() if n.endswith("/data.pkl") else d) for n, d in entries]
     p.write_bytes(two_directories(evil, entries) if rng.random() < 0.5 else two_directories(entries, evil))
     return f"second central directory in {p.relative_to(root)}"
@@ -116,13 +121,10 @@ def op_path_out_of_dir(rng: random.Random, root: Path, t: Path | None, files: li
 
 def op_huge_numbers(rng: random.Random, root: Path, t: Path | None, files: list[Path],
                     dirs: list[Path]) -> str | None:
-    cands = [f for f in _pt_files(files) if f.suffix == ".pt"]
-    if not cands:
+    picked = _pick_pt(rng, files)
+    if picked is None:
         return None
-    p = rng.choice(cands)
-    entries = _entries(p)
-    if not entries:
-        return None
+    p, entries = picked
     big = rng.choice([10**5000, -(10**4400), 1 << 64, float("inf")])
     state = {"args": {"seq_length": big, "padded_vocab_size": big}, "iteration": big, "k": {big: [big]}
              if not isinstance(big, float) else {}}
