@@ -128,15 +128,27 @@ def get_slots(col: Sequence[bytes]) -> Any:
     """Each record's memo index of a captured BINGET (`h.`) / LONG_BINGET (`j....`), -1 where absent."""
     n = len(col)
     lens = lengths(col)
-    a = np.frombuffer(b"".join(col) + bytes(5), dtype=np.uint8).astype(I64)
+    a = np.frombuffer(b"".join(col) + bytes(5), dtype=np.uint8)
     start = np.zeros(n, dtype=I64)
     np.cumsum(lens[:-1], out=start[1:])
     out = np.full(n, -1, dtype=I64)
     h = lens == 2
     out[h] = a[start[h] + 1]
-    j = start[lens == 5] + 1
-    out[lens == 5] = a[j] | a[j + 1] << 8 | a[j + 2] << 16 | a[j + 3] << 24
+    long = lens == 5
+    if long.any():
+        j = start[long] + 1
+        out[long] = a[j].astype(I64) | a[j + 1].astype(I64) << 8 | a[j + 2].astype(I64) << 16 \
+            | a[j + 3].astype(I64) << 24
     return out
+
+
+def get_slots_many(cols: Sequence[Sequence[bytes]]) -> Any:
+    """`get_slots` of several columns of the same records at once (one numpy pass): shape (len(cols), n)."""
+    n = len(cols[0]) if cols else 0
+    flat: list[bytes] = []
+    for c in cols:
+        flat.extend(c)
+    return get_slots(flat).reshape(len(cols), n)
 
 
 def slots(col: Sequence[bytes]) -> tuple[Any, dict[bytes, int]]:

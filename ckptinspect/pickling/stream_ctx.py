@@ -26,6 +26,7 @@ class Ctx:
         self.literals: dict[int, dict[int, set[bytes]]] = {}
         self.special: dict[int, tuple[re.Pattern[bytes], dict[int, int]]] = {}
         self.version = w.memo.version
+        self.dirty = False  # a fast path began to change the walk's state (its Fallback then ends the walk)
 
     def value(self, raw: bytes) -> Any:
         v = self.values.get(raw, _MISS)
@@ -83,15 +84,14 @@ class Ctx:
         from ckptinspect.pickling import stream_batch as B
 
         ok = np.ones(len(base), dtype=bool)
+        free = []  # GETs of any value: only their slots are checked, all columns in one numpy pass
         for i, name in pat.gets_named():
             if i not in at:  # a literal of the specialised pattern
                 continue
             col = cols[at[i]]
             expect = want.get(name, _MISS)
             if expect is _MISS:
-                idx = B.get_slots(col)
-                if idx.max(initial=-1) >= n0:  # a slot filled inside the run: by an earlier record?
-                    ok &= idx < base
+                free.append(col)
                 continue
             new = set(col)
             new.discard(b"")
@@ -105,6 +105,10 @@ class Ctx:
                     bad.add(raw)
             if bad:
                 ok &= ~B.rows_with(col, bad)
+        if free:
+            idx = B.get_slots_many(free).max(axis=0)
+            if idx.max(initial=-1) >= n0:  # a slot filled inside the run: by an earlier record?
+                ok &= idx < base
         return ok
 
     def _verify(self, named: tuple[Any, ...], expects: list[Any], lim: int) -> bool:

@@ -36,6 +36,7 @@ from ckptinspect.pickling.stream_eval import (
     Rows,
     StoragePairs,
 )
+from ckptinspect.pickling.stream_bounds import plan_segments
 from ckptinspect.pickling.stream_ctx import Ctx
 from ckptinspect.pickling.stream_patterns import (
     _CHUNK_WANT,
@@ -70,6 +71,7 @@ def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
         k = 2 if buf[pos] == 0x68 else 5
         if pos + k >= len(buf) or buf[pos + k] != 0x29:
             return -1
+        ctx.dirty = False
         try:
             cls = ctx.value(buf[pos:pos + k])
             if cls.__class__ is not Global:
@@ -83,6 +85,8 @@ def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
                 return _storage(ctx, buf, pos)
             return -1
         except Fallback:
+            if ctx.dirty:  # raised while replaying the loop's steps (`stream_bounds.py`): the loop's own verdict
+                raise
             return -1
 
     w.fast[0x68] = fast
@@ -189,7 +193,8 @@ def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
     late = slots >= n0
     if late.any():
         ok &= ~late | (slots < base)
-    out = [value.get(g, "") if g else s for g, s in zip(get, strs)]
+    # a record spells its name or GETs it (the other column holds b"" / ""): `value` has no b"" key
+    out = list(map(value.get, get, strs))
     return out, ok
 
 
@@ -258,8 +263,8 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     sink.s_fqn.extend(fqns[:k])
     sink.s_nd.frombytes(nd[:k].astype(np.int8).tobytes())
     sink.s_off.frombytes(offs[:cut].tobytes())
-    file_id = sink.file_id
-    sink.s_file.frombytes(np.fromiter(map(file_id, paths[:k]), dtype=np.int32, count=k).tobytes())
+    ids = {p: sink.file_id(p) for p in dict.fromkeys(paths[:k])}  # ids in order of first use, as one by one
+    sink.s_file.frombytes(np.fromiter(map(ids.__getitem__, paths[:k]), dtype=np.int32, count=k).tobytes())
     sink.s_pos.frombytes(pos_v.tobytes())
     sink.s_len.frombytes(len_v.tobytes())
     w.stack.append(StoragePairs(k))
@@ -289,14 +294,22 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
     # [TWD object, dict, [props object, state], [size: 3]]
     twd = present("twd_new")
-    count = (4 + fqn_inline + 3 * (present("offset_a") | present("offset_b")) + 2 * present("type_reduce")
-             + twd * (2 + 2 * present("props_new") + 3 * present("size")))
-    base = B.exclusive_cumsum(count, n0)
+    rec = (4 + fqn_inline + 3 * (present("offset_a") | present("offset_b")) + 2 * present("type_reduce")
+           + twd * (2 + 2 * present("props_new") + 3 * present("size")))
+    # a SavePlan boundary after the record: [planner_data {}], the next SavePlan, its dict, its items list
+    cont, bound = present("cont"), present("k_sd")
+    pd_new = B.lengths(cols[at[ix["pd"]]]) == 2
+    base = B.exclusive_cumsum(rec + bound * (3 + pd_new), n0)
     ok &= ctx.gets_ok(cols, at, PLAN, _PLAN_WANT, base, n0)
     k = B.first_false(ok)
     if not k:
         return -1
-    w.memo.skip(int(count[:k].sum()))  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
+    ends = np.flatnonzero((cont | bound)[:k]).tolist()
+    if ends:
+        names = ("k_sd", "k_pd", "k_usable", "saveplan", "k_items")
+        plan_segments(ctx, k, rec, ends, cont, pd_new, {g: cols[at[ix[g]]] for g in names}, cols[at[ix["usable"]]])
+        return _end(cols, pos, k)
+    w.memo.skip(int(rec[:k].sum()))  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
     w.stack.append(Rows(-1, k))  # plan items: only their number matters
     w.rows_pushed += k
     return _end(cols, pos, k)

@@ -133,11 +133,19 @@ _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).r
  .get("k_tensor").raw(b"(?:N|").get("twd").cap("twd_new", _NEW).get("k_chunk").get("chunk").get("k_props")
  .raw(b"(?:").get("props_ref").raw(b"|").get("props").cap("props_new", rb"\)\x81\x94\(").get().get()
  .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|").size("size")
- .raw(b")ub)ub").varying("fqn_a", "fqn_b", "chunk", "props_ref", "size_ref"))
+ .raw(b")ub)ub"))
+# What may follow a WriteItem inside a run (`stream_bounds.py`): the next batch of the same items list (APPENDS MARK),
+# or the end of this SavePlan (APPENDS, its other fields, SETITEMS BUILD) and the start of the next one up to its
+# items list's MARK. SavePlan's fields in dataclass order: items, storage_data (None), planner_data, usable.
+(PLAN.raw(b"(?:").cap("cont", rb"e\(").raw(b"|e").get("k_sd").raw(b"N").get("k_pd").cap("pd", rb"\}\x94|N")
+ .get("k_usable").cap("usable", rb"[\x88\x89]").raw(b"ub").get("saveplan").raw(_NEW).get("k_items")
+ .raw(rb"\]\x94\()?")
+ .varying("fqn_a", "fqn_b", "chunk", "props_ref", "size_ref", "k_sd", "k_pd", "k_usable", "saveplan", "k_items"))
 PLAN_REC = PLAN.compile()
 PLAN_RUN = PLAN.compile_run()
 
 WRITE_ITEM = "torch.distributed.checkpoint.planner.WriteItem"
+SAVE_PLAN = "torch.distributed.checkpoint.planner.SavePlan"
 _ANY_CLASS = object()
 _ANY_KEY = object()
 
@@ -150,5 +158,6 @@ _PLAN_WANT = {"wi": "torch.distributed.checkpoint.planner.WriteItem", "k_index":
               "k_fqn_a": _ANY_KEY, "k_offset_a": _ANY_KEY, "offset_a_fn": tuple, "k_index_a": _ANY_KEY,
               "k_fqn_b": _ANY_KEY, "k_offset_b": _ANY_KEY, "offset_b_fn": tuple, "k_index_b": _ANY_KEY,
               "k_type": _ANY_KEY, "type_fn": int, "k_bytes": _ANY_KEY, "k_tensor": _ANY_KEY, "twd": _ANY_CLASS,
-              "k_chunk": _ANY_KEY, "k_props": _ANY_KEY, "props": _ANY_CLASS, "k_size": _ANY_KEY, "size_fn": tuple}
+              "k_chunk": _ANY_KEY, "k_props": _ANY_KEY, "props": _ANY_CLASS, "k_size": _ANY_KEY, "size_fn": tuple,
+              "k_sd": _ANY_KEY, "k_pd": _ANY_KEY, "k_usable": _ANY_KEY, "saveplan": SAVE_PLAN, "k_items": _ANY_KEY}
 

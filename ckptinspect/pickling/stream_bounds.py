@@ -1,0 +1,82 @@
+"""The list and object boundaries a run of records crosses (`stream_fast.py`), replayed with the loop's own steps.
+
+A run of WriteItems used to end with its items list: at every `SavePlan` (one per rank, ~75 items each at 1M chunks)
+the loop took over for a few dozen opcodes and the next run paid the batch decoders' fixed cost again. The PLAN
+pattern now also matches what follows a WriteItem up to the next one when it is one of two fixed shapes
+(`stream_patterns.py`): APPENDS MARK (the next batch of 1,000 items of the same list), or APPENDS, the SavePlan's
+other fields, SETITEMS BUILD, and the next SavePlan up to its items list's MARK. Those opcodes are not modelled
+here: they are evaluated by the walker's own methods (`Walker.pop_mark`, `append`, `set_items`, `build`,
+`new_inst`, `new_list`, `Memo.push`), in the loop's order, on the values its GETs name (verified before: slots filled
+before the run, keys strings, the class `SavePlan`). So a stack the loop would refuse here raises the loop's
+`Fallback` at the same step; since the walk's state has changed by then, that `Fallback` is not the fast path's "not
+my pattern" but ends the walk (`Ctx.dirty`), exactly as the loop's own would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ckptinspect.pickling.stream_eval import MAX_STACK, Fallback, Rows
+
+if TYPE_CHECKING:
+    from ckptinspect.pickling.stream_ctx import Ctx
+
+
+def _mark(w: Any) -> None:
+    w.marks.append(len(w.stack))
+    if len(w.marks) + len(w.stack) > MAX_STACK:
+        raise Fallback("stack bound")
+
+
+def _rows(w: Any, n: int) -> None:
+    if n:
+        w.stack.append(Rows(-1, n))
+        w.rows_pushed += n
+
+
+def plan_segments(ctx: Ctx, k: int, rec_slots: Any, ends: list[int], cont: Any, pd_new: Any,
+                  gets: dict[str, list[bytes]], usable: list[bytes]) -> None:
+    """Apply the first `k` records of a plans run whose rows `ends` end with a boundary: per segment, skip its
+    records' memo slots and push their `Rows` marker, then replay the boundary. `rec_slots`: each record's MEMOIZE
+    count (without its boundary); `gets`: the boundary GET columns by name."""
+    import numpy as np
+
+    w = ctx.w
+    ctx.dirty = True
+    memo, stack = w.memo, w.stack
+    cum = np.concatenate(([0], np.cumsum(rec_slots[:k]))).tolist()
+    prev = 0
+    for r in ends:
+        memo.skip(int(cum[r + 1] - cum[prev]))
+        _rows(w, r + 1 - prev)
+        items = w.pop_mark()  # APPENDS
+        w.append(stack[-1], items)
+        if cont[r]:
+            _mark(w)  # MARK: the next batch of the same list
+        else:
+            value = ctx.value
+            pd: Any = None
+            if pd_new[r]:
+                pd = {}
+                memo.push(pd)
+            stack.extend((value(gets["k_sd"][r]), None, value(gets["k_pd"][r]), pd, value(gets["k_usable"][r]),
+                          usable[r] == b"\x88"))
+            items = w.pop_mark()  # SETITEMS
+            w.set_items(stack[-1], items)
+            state = stack.pop()  # BUILD
+            w.build(stack[-1], state)
+            inst = w.new_inst(value(gets["saveplan"][r]), ())  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
+            stack.append(inst)
+            memo.push(inst)
+            d: dict[Any, Any] = {}  # EMPTY_DICT MEMOIZE MARK
+            stack.append(d)
+            memo.push(d)
+            _mark(w)
+            stack.append(value(gets["k_items"][r]))  # GET EMPTY_LIST MEMOIZE MARK
+            lst = w.new_list()
+            stack.append(lst)
+            memo.push(lst)
+            _mark(w)
+        prev = r + 1
+    memo.skip(int(cum[k] - cum[prev]))
+    _rows(w, k - prev)
