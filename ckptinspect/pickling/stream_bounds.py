@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ckptinspect.pickling.stream_eval import MAX_STACK, Fallback, Rows
+from ckptinspect.pickling.stream_eval import MAX_STACK, OPAQUE, Fallback, Rows
 
 if TYPE_CHECKING:
     from ckptinspect.pickling.stream_ctx import Ctx
@@ -80,3 +80,91 @@ def plan_segments(ctx: Ctx, k: int, rec_slots: Any, ends: list[int], cont: Any, 
         prev = r + 1
     memo.skip(int(cum[k] - cum[prev]))
     _rows(w, k - prev)
+
+
+# The captured columns of a tensor boundary (`stream_patterns.CHUNK`) the replay reads.
+TENSOR_BOUNDARY = ("key", "tsm", "k_properties", "props_cls", "dtype", "layout", "grad", "memory_format", "pin",
+                   "k_size", "tsize_fn", "tsize", "k_chunks")
+
+
+def tensor_segments(ctx: Ctx, start: int, k: int, ends: list[int], cont: Any, cols: dict[str, list[bytes]]) -> None:
+    """Apply the first `k` records of a chunk run (their rows already in the sink from row `start`) whose rows
+    `ends` end with a boundary: per segment, skip its chunks' memo slots (8 each) and push their `Rows` marker, then
+    replay the boundary opcode by opcode with the walker's methods."""
+    from ckptinspect.pickling import stream_batch as B
+
+    w = ctx.w
+    ctx.dirty = True
+    memo, stack, sink = w.memo, w.stack, w.sink
+
+    def get(name: str, r: int) -> Any:  # BINGET / LONG_BINGET, as the loop pushes it
+        v = ctx.value(cols[name][r])
+        if v is OPAQUE:
+            raise Fallback("memo GET of a value not kept")
+        stack.append(v)
+        return v
+
+    def memoize() -> None:
+        memo.push(stack[-1])
+
+    prev = 0
+    for r in ends:
+        memo.skip(8 * (r + 1 - prev))
+        stack.append(Rows(start + prev, r + 1 - prev))
+        w.rows_pushed += r + 1 - prev
+        items = w.pop_mark()  # APPENDS
+        w.append(stack[-1], items)
+        prev = r + 1
+        if cont[r]:
+            _mark(w)  # MARK: the next batch of the same list
+            continue
+        items = w.pop_mark()  # SETITEMS
+        w.set_items(stack[-1], items)
+        state = stack.pop()  # BUILD: the tensor's row (`Sink.add_tensor`)
+        w.build(stack[-1], state)
+        stack.append(sink.intern(cols["key"][r].decode("utf-8", "surrogatepass")))  # SHORT_BINUNICODE MEMOIZE
+        memoize()
+        cls = get("tsm", r)  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
+        stack[-1] = w.new_inst(cls, ())
+        memoize()
+        stack.append({})  # EMPTY_DICT MEMOIZE MARK
+        memoize()
+        _mark(w)
+        get("k_properties", r)
+        cls = get("props_cls", r)  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
+        stack[-1] = w.new_inst(cls, ())
+        memoize()
+        _mark(w)  # MARK GET GET NEWFALSE/NEWTRUE GET NEWFALSE/NEWTRUE TUPLE MEMOIZE BUILD
+        get("dtype", r)
+        get("layout", r)
+        stack.append(cols["grad"][r] == b"\x88")
+        get("memory_format", r)
+        stack.append(cols["pin"][r] == b"\x88")
+        stack.append(tuple(w.pop_mark()))
+        memoize()
+        state = stack.pop()
+        w.build(stack[-1], state)
+        get("k_size", r)
+        get("tsize_fn", r)  # GET ints TUPLEn MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE
+        raw = cols["tsize"][r]
+        ints = B.decode_ints(B._TOKEN.findall(raw[1:-1] if raw[:1] == b"(" else raw[:-1])).tolist()
+        if raw[:1] == b"(":
+            _mark(w)
+            stack.extend(ints)
+            stack.append(tuple(w.pop_mark()))
+        else:
+            stack.append(tuple(ints))
+        memoize()
+        stack[-1] = (stack[-1],)
+        memoize()
+        args = stack.pop()
+        stack[-1] = w.reduce(stack[-1], args)
+        memoize()
+        get("k_chunks", r)
+        stack.append(w.new_list())  # EMPTY_LIST MEMOIZE MARK
+        memoize()
+        _mark(w)
+    memo.skip(8 * (k - prev))
+    if k > prev:
+        stack.append(Rows(start + prev, k - prev))
+        w.rows_pushed += k - prev

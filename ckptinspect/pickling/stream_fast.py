@@ -36,7 +36,7 @@ from ckptinspect.pickling.stream_eval import (
     Rows,
     StoragePairs,
 )
-from ckptinspect.pickling.stream_bounds import plan_segments
+from ckptinspect.pickling.stream_bounds import TENSOR_BOUNDARY, plan_segments, tensor_segments
 from ckptinspect.pickling.stream_ctx import Ctx
 from ckptinspect.pickling.stream_patterns import (
     _CHUNK_WANT,
@@ -146,13 +146,25 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     w = ctx.w
     ix = CHUNK.index
     n, n0 = len(cols[0]), w.memo.n
-    base = n0 + 8 * np.arange(n, dtype=np.int64)
+    # a tensor boundary after the chunk: the next entry's key, its TensorStorageMetadata, dict, TensorProperties,
+    # their state tuple, torch.Size (3 slots) and the chunk list: 9 memo slots
+    cont = B.lengths(cols[at[ix["cont"]]]) > 0
+    tsize_col = cols[at[ix["tsize"]]]
+    bound = B.lengths(tsize_col) > 0
+    base = B.exclusive_cumsum(8 + 9 * bound, n0)
     ok = ctx.gets_ok(cols, at, CHUNK, _CHUNK_WANT, base, n0)
     both, nd = B.tuples(cols[at[ix["offsets"]]] + cols[at[ix["sizes"]]])  # one decode for the two columns
     o_nd, s_nd = nd[:n], nd[n:]
     split = int(o_nd.sum())
     offs, sizes = both[:split], both[split:]
     ok &= (o_nd == s_nd) & (o_nd <= 127)
+    ends = np.flatnonzero(cont | bound)
+    if len(ends):
+        key_ok = B.inline_names(cols[at[ix["key_len"]]], cols[at[ix["key"]]])[1]
+        ok &= key_ok
+        b_rows = np.flatnonzero(bound)
+        _, b_nd = B.tuples([tsize_col[i] for i in b_rows.tolist()])
+        ok[b_rows] &= b_nd <= 127
     k = B.first_false(ok)
     if not k:
         return -1
@@ -162,6 +174,10 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     sink.c_nd.frombytes(o_nd[:k].astype(np.int8).tobytes())
     sink.c_off.frombytes(offs[:cut].tobytes())
     sink.c_size.frombytes(sizes[:cut].tobytes())
+    ends_k = ends[ends < k].tolist()
+    if ends_k:
+        tensor_segments(ctx, start, k, ends_k, cont, {name: cols[at[ix[name]]] for name in TENSOR_BOUNDARY})
+        return _end(cols, pos, k)
     w.memo.skip(8 * k)
     w.stack.append(Rows(start, k))
     w.rows_pushed += k
@@ -216,8 +232,7 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
         return cols[at[ix[name]]]
 
     n, n0 = len(cols[0]), memo.n
-    fqn_inline, ok = B.inline_names(B.joined(col("fqn_s_a_len"), col("fqn_s_b_len")),
-                                    fqn_s := B.joined(col("fqn_s_a"), col("fqn_s_b")))
+    fqn_inline, ok = B.inline_names(col("fqn_s_len"), fqn_s := col("fqn_s"))
     path_inline, ok2 = B.inline_names(col("path_s_len"), col("path_s"))
     ok &= ok2
     offs, nd = B.tuples(B.joined(col("offset_a"), col("offset_b")))
@@ -240,7 +255,7 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     push_slot = push_slot[order]
     push_val = list(map(push_val.__getitem__, order.tolist()))
     pushed = dict(zip(push_slot.tolist(), push_val))
-    fqns, ok3 = _names(ctx, B.joined(col("fqn_a"), col("fqn_b")), fqn_strs, base, n0, pushed)
+    fqns, ok3 = _names(ctx, col("fqn"), fqn_strs, base, n0, pushed)
     paths, ok4 = _names(ctx, col("path"), path_strs, base, n0, pushed)
     ok &= ok3 & ok4
     k = B.first_false(ok)
@@ -289,8 +304,7 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
         return B.lengths(cols[at[ix[name]]]) > 0
 
     n0 = w.memo.n
-    fqn_inline, ok = B.inline_names(B.joined(cols[at[ix["fqn_s_a_len"]]], cols[at[ix["fqn_s_b_len"]]]),
-                                    B.joined(cols[at[ix["fqn_s_a"]]], cols[at[ix["fqn_s_b"]]]))
+    fqn_inline, ok = B.inline_names(cols[at[ix["fqn_s_len"]]], cols[at[ix["fqn_s"]]])
     # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
     # [TWD object, dict, [props object, state], [size: 3]]
     twd = present("twd_new")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ckptinspect.pickling.stream_eval import CHUNK as CHUNK_CLS, INDEX, STORAGE_INFO
+from ckptinspect.pickling.stream_eval import CHUNK as CHUNK_CLS, INDEX, PROPS, STORAGE_INFO, TSM
 
 _INT = (rb"(?:K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.....|\x8a\x06......"
         rb"|\x8a\x07.......|\x8a\x08........)")
@@ -100,29 +100,34 @@ def _chunk_pattern(p: _Pattern, tag: str) -> _Pattern:
             .size(tag + "sizes").raw(b"ub"))
 
 
-CHUNK = _chunk_pattern(_Pattern(), "").varying()
+CHUNK = _chunk_pattern(_Pattern(), "")
+# What may follow a chunk inside a run (`stream_bounds.py`): the next batch of 1,000 of the same chunk list (APPENDS
+# MARK), or the end of this tensor (APPENDS, SETITEMS, BUILD of its TensorStorageMetadata) and the next
+# state_dict_metadata entry up to its chunk list's MARK: its key (SHORT_BINUNICODE), TensorStorageMetadata(properties=
+# TensorProperties(dtype, layout, requires_grad, memory_format, pin_memory), size=torch.Size, chunks=[...]).
+(CHUNK.raw(b"(?:").cap("cont", rb"e\(").raw(b"|eub\x8c").cap("key_len", b".").cap("key", rb"[\x00-\x7f]*")
+ .raw(rb"\x94").get("tsm").raw(_NEW).get("k_properties").get("props_cls").raw(rb"\)\x81\x94\(").get("dtype")
+ .get("layout").cap("grad", rb"[\x88\x89]").get("memory_format").cap("pin", rb"[\x88\x89]").raw(rb"t\x94b")
+ .get("k_size").size("tsize").get("k_chunks").raw(rb"\]\x94\()?")
+ .varying("tsm", "k_properties", "props_cls", "dtype", "layout", "memory_format", "k_size", "tsize_fn", "k_chunks"))
 CHUNK_REC = CHUNK.compile()
 CHUNK_RUN = CHUNK.compile_run()
 
 def _index(p: _Pattern, tag: str, strings: bool) -> _Pattern:
-    """MetadataIndex(fqn, offset, index): its state dict in either field order torch writes (`fqn, offset, index`,
-    or `fqn, index[, offset]`), offset None or a torch.Size, index None or an int."""
-    p.raw(b"(?:")
-    for alt in ("a", "b"):
-        p.get(f"k_fqn_{alt}").raw(b"(?:").get(f"fqn_{alt}").raw(b"|").string(f"fqn_s_{alt}").raw(b")")
-        if alt == "a":
-            p.get("k_offset_a").raw(b"(?:N|").size("offset_a").raw(b")")
-        p.get(f"k_index_{alt}").raw(b"(?:N|" + _INT + b")")
-        if alt == "b":
-            p.raw(b"(?:").get("k_offset_b").raw(b"(?:N|").size("offset_b").raw(b"))?")
-        p.raw(b"|" if alt == "a" else b")")
+    """MetadataIndex(fqn, offset, index): its state dict in either field order torch writes (`fqn, index[, offset]`
+    as `MetadataIndex.__init__` sets them, tried first, or `fqn, offset, index`), offset None or a torch.Size, index
+    None or an int. The name is matched once for both orders (no backtracking over it)."""
+    p.get("k_fqn").raw(b"(?:").get("fqn").raw(b"|").string("fqn_s").raw(b")(?:")
+    p.get("k_index_b").raw(b"(?:N|" + _INT + b")").raw(b"(?:").get("k_offset_b").raw(b"(?:N|").size("offset_b")
+    p.raw(b"))?|").get("k_offset_a").raw(b"(?:N|").size("offset_a").raw(b")").get("k_index_a")
+    p.raw(b"(?:N|" + _INT + b"))")
     return p
 
 
 STORAGE = _Pattern()
 _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 (STORAGE.get("si").raw(_NEW).get("k_path").raw(b"(?:").get("path").raw(b"|").string("path_s").raw(b")")
- .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub").varying("fqn_a", "fqn_b", "path"))
+ .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub").varying("fqn", "path"))
 STORAGE_REC = STORAGE.compile()
 STORAGE_RUN = STORAGE.compile_run()
 
@@ -140,7 +145,7 @@ _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).r
 (PLAN.raw(b"(?:").cap("cont", rb"e\(").raw(b"|e").get("k_sd").raw(b"N").get("k_pd").cap("pd", rb"\}\x94|N")
  .get("k_usable").cap("usable", rb"[\x88\x89]").raw(b"ub").get("saveplan").raw(_NEW).get("k_items")
  .raw(rb"\]\x94\()?")
- .varying("fqn_a", "fqn_b", "chunk", "props_ref", "size_ref", "k_sd", "k_pd", "k_usable", "saveplan", "k_items"))
+ .varying("fqn", "chunk", "props_ref", "size_ref", "k_sd", "k_pd", "k_usable", "saveplan", "k_items"))
 PLAN_REC = PLAN.compile()
 PLAN_RUN = PLAN.compile_run()
 
@@ -149,14 +154,16 @@ SAVE_PLAN = "torch.distributed.checkpoint.planner.SavePlan"
 _ANY_CLASS = object()
 _ANY_KEY = object()
 
-_CHUNK_WANT = {"cls": CHUNK_CLS, "k_offsets": "offsets", "offsets_fn": tuple, "k_sizes": "sizes", "sizes_fn": tuple}
-_INDEX_WANT = {"k_fqn_a": "fqn", "k_offset_a": "offset", "offset_a_fn": tuple, "k_index_a": "index",
-               "k_fqn_b": "fqn", "k_offset_b": "offset", "offset_b_fn": tuple, "k_index_b": "index"}
+_CHUNK_WANT = {"cls": CHUNK_CLS, "k_offsets": "offsets", "offsets_fn": tuple, "k_sizes": "sizes", "sizes_fn": tuple,
+               "tsm": TSM, "k_properties": _ANY_KEY, "props_cls": PROPS, "k_size": _ANY_KEY, "tsize_fn": tuple,
+               "k_chunks": _ANY_KEY}
+_INDEX_WANT = {"k_fqn": "fqn", "k_offset_a": "offset", "offset_a_fn": tuple, "k_index_a": "index",
+               "k_offset_b": "offset", "offset_b_fn": tuple, "k_index_b": "index"}
 _STORAGE_WANT = {"mi": INDEX, **_INDEX_WANT, "si": STORAGE_INFO, "k_path": "relative_path", "k_pos": "offset",
                  "k_len": "length"}
 _PLAN_WANT = {"wi": "torch.distributed.checkpoint.planner.WriteItem", "k_index": _ANY_KEY, "mi": _ANY_CLASS,
-              "k_fqn_a": _ANY_KEY, "k_offset_a": _ANY_KEY, "offset_a_fn": tuple, "k_index_a": _ANY_KEY,
-              "k_fqn_b": _ANY_KEY, "k_offset_b": _ANY_KEY, "offset_b_fn": tuple, "k_index_b": _ANY_KEY,
+              "k_fqn": _ANY_KEY, "k_offset_a": _ANY_KEY, "offset_a_fn": tuple, "k_index_a": _ANY_KEY,
+              "k_offset_b": _ANY_KEY, "offset_b_fn": tuple, "k_index_b": _ANY_KEY,
               "k_type": _ANY_KEY, "type_fn": int, "k_bytes": _ANY_KEY, "k_tensor": _ANY_KEY, "twd": _ANY_CLASS,
               "k_chunk": _ANY_KEY, "k_props": _ANY_KEY, "props": _ANY_CLASS, "k_size": _ANY_KEY, "size_fn": tuple,
               "k_sd": _ANY_KEY, "k_pd": _ANY_KEY, "k_usable": _ANY_KEY, "saveplan": SAVE_PLAN, "k_items": _ANY_KEY}
