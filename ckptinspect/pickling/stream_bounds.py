@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ckptinspect.pickling.stream_eval import MAX_STACK, OPAQUE, Fallback, Rows
+from ckptinspect.pickling.stream_eval import MAX_STACK, OPAQUE, Fallback, Rows, StoragePairs
 
 if TYPE_CHECKING:
     from ckptinspect.pickling.stream_ctx import Ctx
@@ -168,3 +168,21 @@ def tensor_segments(ctx: Ctx, start: int, k: int, ends: list[int], cont: Any, co
     if k > prev:
         stack.append(Rows(start + prev, k - prev))
         w.rows_pushed += k - prev
+
+
+def storage_segments(ctx: Ctx, k: int, ends: list[int]) -> None:
+    """The first `k` storage_data entries of a run (already in the sink) whose rows `ends` end a SETITEMS batch: per
+    batch, its `StoragePairs` marker, then SETITEMS and MARK replayed (no MEMOIZE in between)."""
+    w = ctx.w
+    ctx.dirty = True
+    prev = 0
+    for r in ends:
+        w.stack.append(StoragePairs(r + 1 - prev))
+        w.pairs_pushed += r + 1 - prev
+        items = w.pop_mark()  # SETITEMS
+        w.set_items(w.stack[-1], items)
+        _mark(w)  # MARK
+        prev = r + 1
+    if k > prev:
+        w.stack.append(StoragePairs(k - prev))
+        w.pairs_pushed += k - prev

@@ -36,7 +36,7 @@ from ckptinspect.pickling.stream_eval import (
     Rows,
     StoragePairs,
 )
-from ckptinspect.pickling.stream_bounds import TENSOR_BOUNDARY, plan_segments, tensor_segments
+from ckptinspect.pickling.stream_bounds import TENSOR_BOUNDARY, plan_segments, storage_segments, tensor_segments
 from ckptinspect.pickling.stream_ctx import Ctx
 from ckptinspect.pickling.stream_patterns import (
     _CHUNK_WANT,
@@ -282,6 +282,10 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     sink.s_file.frombytes(np.fromiter(map(ids.__getitem__, paths[:k]), dtype=np.int32, count=k).tobytes())
     sink.s_pos.frombytes(pos_v.tobytes())
     sink.s_len.frombytes(len_v.tobytes())
+    ends = np.flatnonzero(B.lengths(col("batch")[:k]) > 0).tolist()
+    if ends:
+        storage_segments(ctx, k, ends)
+        return _end(cols, pos, k)
     w.stack.append(StoragePairs(k))
     w.pairs_pushed += k
     return _end(cols, pos, k)

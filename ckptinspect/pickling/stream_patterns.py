@@ -105,7 +105,7 @@ CHUNK = _chunk_pattern(_Pattern(), "")
 # MARK), or the end of this tensor (APPENDS, SETITEMS, BUILD of its TensorStorageMetadata) and the next
 # state_dict_metadata entry up to its chunk list's MARK: its key (SHORT_BINUNICODE), TensorStorageMetadata(properties=
 # TensorProperties(dtype, layout, requires_grad, memory_format, pin_memory), size=torch.Size, chunks=[...]).
-(CHUNK.raw(b"(?:").cap("cont", rb"e\(").raw(b"|eub\x8c").cap("key_len", b".").cap("key", rb"[\x00-\x7f]*")
+(CHUNK.raw(b"(?:").cap("cont", rb"e(?:\x95.{8})*\(").raw(b"|eub\x8c").cap("key_len", b".").cap("key", rb"[\x00-\x7f]*")
  .raw(rb"\x94").get("tsm").raw(_NEW).get("k_properties").get("props_cls").raw(rb"\)\x81\x94\(").get("dtype")
  .get("layout").cap("grad", rb"[\x88\x89]").get("memory_format").cap("pin", rb"[\x88\x89]").raw(rb"t\x94b")
  .get("k_size").size("tsize").get("k_chunks").raw(rb"\]\x94\()?")
@@ -127,7 +127,9 @@ def _index(p: _Pattern, tag: str, strings: bool) -> _Pattern:
 STORAGE = _Pattern()
 _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 (STORAGE.get("si").raw(_NEW).get("k_path").raw(b"(?:").get("path").raw(b"|").string("path_s").raw(b")")
- .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub").varying("fqn", "path"))
+ .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub")
+ # the end of a batch of 1,000 storage_data entries and the start of the next (SETITEMS MARK): `stream_bounds.py`
+ .cap("batch", rb"(?:u(?:\x95.{8})*\()?").varying("fqn", "path"))
 STORAGE_REC = STORAGE.compile()
 STORAGE_RUN = STORAGE.compile_run()
 
@@ -142,7 +144,7 @@ _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).r
 # What may follow a WriteItem inside a run (`stream_bounds.py`): the next batch of the same items list (APPENDS MARK),
 # or the end of this SavePlan (APPENDS, its other fields, SETITEMS BUILD) and the start of the next one up to its
 # items list's MARK. SavePlan's fields in dataclass order: items, storage_data (None), planner_data, usable.
-(PLAN.raw(b"(?:").cap("cont", rb"e\(").raw(b"|e").get("k_sd").raw(b"N").get("k_pd").cap("pd", rb"\}\x94|N")
+(PLAN.raw(b"(?:").cap("cont", rb"e(?:\x95.{8})*\(").raw(b"|e").get("k_sd").raw(b"N").get("k_pd").cap("pd", rb"\}\x94|N")
  .get("k_usable").cap("usable", rb"[\x88\x89]").raw(b"ub").get("saveplan").raw(_NEW).get("k_items")
  .raw(rb"\]\x94\()?")
  .varying("fqn", "chunk", "props_ref", "size_ref", "k_sd", "k_pd", "k_usable", "saveplan", "k_items"))
