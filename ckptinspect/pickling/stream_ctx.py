@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from ckptinspect.pickling.stream_eval import Global
-from ckptinspect.pickling.stream_patterns import _ANY_CLASS, _ANY_KEY, _Pattern
+from ckptinspect.pickling.stream_eval import OPAQUE, Global
+from ckptinspect.pickling.stream_patterns import _ANY_CLASS, _ANY_KEY, _ANY_VALUE, _Pattern
 
 if TYPE_CHECKING:
     from ckptinspect.pickling.stream_walk import Walker
@@ -124,6 +124,9 @@ class Ctx:
                     return False
             elif expect is _ANY_KEY:
                 if type(v) is not str:
+                    return False
+            elif expect is _ANY_VALUE:
+                if v is OPAQUE:
                     return False
             elif type(expect) is str and expect.startswith("torch."):
                 if v.__class__ is not Global or v.qual != expect:

@@ -261,7 +261,8 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     k = B.first_false(ok)
     if not k:
         return -1
-    pos_v, len_v = B.ints(col("pos")[:k]), B.ints(col("len")[:k])
+    pos_len = B.ints(col("pos")[:k] + col("len")[:k])  # one decode for the two columns
+    pos_v, len_v = pos_len[:k], pos_len[k:]
     cut = int(np.maximum(nd[:k], 0).sum())
     # memo: the names spelled in the run, at their slots (strings are what the loop keeps beyond LOW_MEMO)
     n_push = int(np.searchsorted(push_slot, n0 + int(count[:k].sum())))

@@ -155,10 +155,11 @@ WRITE_ITEM = "torch.distributed.checkpoint.planner.WriteItem"
 SAVE_PLAN = "torch.distributed.checkpoint.planner.SavePlan"
 _ANY_CLASS = object()
 _ANY_KEY = object()
+_ANY_VALUE = object()  # any value the walk kept (a GET of one it did not keep makes the loop fall back)
 
 _CHUNK_WANT = {"cls": CHUNK_CLS, "k_offsets": "offsets", "offsets_fn": tuple, "k_sizes": "sizes", "sizes_fn": tuple,
                "tsm": TSM, "k_properties": _ANY_KEY, "props_cls": PROPS, "k_size": _ANY_KEY, "tsize_fn": tuple,
-               "k_chunks": _ANY_KEY}
+               "k_chunks": _ANY_KEY, "dtype": _ANY_VALUE, "layout": _ANY_VALUE, "memory_format": _ANY_VALUE}
 _INDEX_WANT = {"k_fqn": "fqn", "k_offset_a": "offset", "offset_a_fn": tuple, "k_index_a": "index",
                "k_offset_b": "offset", "offset_b_fn": tuple, "k_index_b": "index"}
 _STORAGE_WANT = {"mi": INDEX, **_INDEX_WANT, "si": STORAGE_INFO, "k_path": "relative_path", "k_pos": "offset",
