@@ -24,7 +24,6 @@ Targets: audit bytes ≤ 1.05 × (.metadata + metadata.json + common.pt), reques
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -171,9 +170,59 @@ def _peers(prefix: str, proxy: FaultProxy) -> None:
           f"{c.requests} requests, {c.bytes} bytes, {c.seconds:.1f} s (inputs of a verdict, not one)")
 
 
-def bench_verify(mb: int, files: int, tmp: Path) -> None:
+# The two verifiers, each run as a fresh process. Each prints, to stderr, the wall-clock time (`time.time()`, the
+# same clock in every process) at which its imports were done and its work began, and when the work ended: the
+# parent knows when it launched the process, so it gets both "with the process start" and "without it".
+_OURS = """
+import sys, time
+import s3fs  # what `manifest verify s3://` imports anyway (msc:// imports multistorageclient instead)
+from ckptinspect.cli.app import app
+t0 = time.time()
+try:
+    app(sys.argv[1:])
+except SystemExit:
+    pass
+sys.stderr.write(f"\\nTIMES {t0} {time.time()}\\n")
+"""
+_SERIAL = """
+import hashlib, json, sys, time
+import boto3
+t0 = time.time()
+bucket, prefix, manifest = sys.argv[1:4]
+s3 = boto3.client("s3")
+good = True
+for name, digest in json.load(open(manifest))["files"].items():  # serial, one stream: Megatron's verifier
+    body = s3.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"]
+    h = hashlib.sha256()
+    while chunk := body.read(1 << 20):
+        h.update(chunk)
+    good &= h.hexdigest() == digest
+print(json.dumps({"ok": good}))
+sys.stderr.write(f"\\nTIMES {t0} {time.time()}\\n")
+"""
+
+
+def _timed(args: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall seconds with the process start, seconds of work without it, stdout) of a fresh process."""
+    launched = time.time()
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+    ended = time.time()
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("TIMES ")]
+    if not line:
+        raise RuntimeError(f"{args[:3]}: no timing line; stderr: {r.stderr[-2000:]}")
+    t0, t1 = (float(x) for x in line[-1].split()[1:])
+    return ended - launched, t1 - t0, r.stdout
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = True) -> None:
     """Both verifiers against a moto server of their own, in its own process (the audit's server shares this
-    process's GIL with the counting proxy; hashing throughput would measure that, not the verifiers)."""
+    process's GIL with the counting proxy; hashing throughput would measure that, not the verifiers). The two run
+    alternately, `repeat` times each, each in a fresh process; the medians are compared both with the process
+    start (interpreter + imports) and without it."""
     import socket
 
     import boto3
@@ -202,35 +251,48 @@ def bench_verify(mb: int, files: int, tmp: Path) -> None:
         write_manifest(d)
         for p in d.iterdir():
             s3.upload_file(str(p), BUCKET, f"verify/{p.name}")
-        env = dict(os.environ, AWS_ENDPOINT_URL=endpoint)
-        t = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "ckptinspect", "manifest", "verify", f"s3://{BUCKET}/verify",
-                            "-o", "json"], capture_output=True, text=True, env=env)
-        ours = time.perf_counter() - t
-        doc = json.loads(r.stdout)
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "ckptinspect", "sniff", f"s3://{BUCKET}/verify"],
-                       capture_output=True, text=True, env=env)
-        start = time.perf_counter() - t  # process start, imports and one listing: what a verify costs beyond hashing
-        listed = json.loads((d / "integrity.json").read_text())["files"]
-        t = time.perf_counter()
-        good = True
-        for name, digest in listed.items():  # serial, one stream: Megatron's verifier over a mounted bucket
-            body = s3.get_object(Bucket=BUCKET, Key=f"verify/{name}")["Body"]
-            h = hashlib.sha256()
-            while chunk := body.read(1 << 20):
-                h.update(chunk)
-            good &= h.hexdigest() == digest
-        serial = time.perf_counter() - t
+        cfg = tmp / "msc_verify.yaml"
+        cfg.write_text(msc_config(endpoint).replace("ckpts", BUCKET))
+        env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, MSC_CONFIG=str(cfg))
+        runs: dict[str, list[tuple[float, float]]] = {"ours": [], "serial": [], "msc": []}
+        doc: dict = {}
+        good = ""
+        for _ in range(repeat):
+            wall, work, out = _timed(["-c", _OURS, "manifest", "verify", f"s3://{BUCKET}/verify", "-o", "json"], env)
+            runs["ours"].append((wall, work))
+            doc = json.loads(out)
+            wall, work, out = _timed(["-c", _SERIAL, BUCKET, "verify", str(d / "integrity.json")], env)
+            runs["serial"].append((wall, work))
+            good = out.strip()
+        if msc:
+            wall, work, out = _timed(["-c", _OURS.replace("import s3fs", "import multistorageclient"), "manifest",
+                                      "verify", f"msc://{BUCKET}/verify", "-o", "json"], env)
+            runs["msc"].append((wall, work))
+            mdoc = json.loads(out)
     finally:
         server.terminate()
         server.wait()
-    print(f"manifest verify s3:// ({mb} MiB in {files} objects, moto in its own process): ckptinspect {ours:.2f} s "
-          f"({mb / ours:.0f} MiB/s, status {doc['status']}, {doc['storage']['requests']} requests) vs serial "
-          f"single-stream {serial:.2f} s ({mb / serial:.0f} MiB/s, ok={good}): {serial / ours:.2f}x "
-          f"[process start included; a `sniff` of the same URL, i.e. start + imports + one listing, takes "
-          f"{start:.2f} s: " + (f"{serial / (ours - start):.2f}x without it]" if ours - start > 0.1 * ours
-                                else "it dominates at this size]"))
+    ours_w, ours_t = _median([w for w, _ in runs["ours"]]), _median([t for _, t in runs["ours"]])
+    ser_w, ser_t = _median([w for w, _ in runs["serial"]]), _median([t for _, t in runs["serial"]])
+    st = doc["storage"]
+    print(f"manifest verify s3:// ({mb} MiB in {files} objects, moto in its own process, medians of {repeat} "
+          f"alternating fresh-process runs; load {os.getloadavg()[0]:.1f}):")
+    print(f"  ckptinspect: {ours_w:.2f} s with the process start, {ours_t:.2f} s without it "
+          f"({mb / ours_t:.0f} MiB/s); status {doc['status']}, {st['requests']} requests "
+          f"{st['requests_by_op']}, {st['bytes_transferred']} bytes, {st['retries']} retries")
+    print(f"  serial single-stream verifier (boto3, one GET per object, 1 MiB reads): {ser_w:.2f} s with the "
+          f"process start, {ser_t:.2f} s without it ({mb / ser_t:.0f} MiB/s); {good}")
+    print(f"  ratio (serial / ckptinspect, > 1 = faster): {ser_w / ours_w:.2f}x with the process start, "
+          f"{ser_t / ours_t:.2f}x without it")
+    print(f"  process start alone: ckptinspect {ours_w - ours_t:.2f} s (interpreter, ckptinspect, s3fs), "
+          f"serial {ser_w - ser_t:.2f} s (interpreter, boto3)")
+    print(f"  all runs (wall, work): ours {[(round(a, 2), round(b, 2)) for a, b in runs['ours']]}, "
+          f"serial {[(round(a, 2), round(b, 2)) for a, b in runs['serial']]}")
+    if runs["msc"]:
+        (mw, mt), = runs["msc"]
+        ms = mdoc["storage"]
+        print(f"  manifest verify msc:// (one run, ranged blocks of 32 MiB: MSC has no streamed read): {mw:.2f} s "
+              f"with the process start, {mt:.2f} s without it; status {mdoc['status']}, {ms['requests']} requests")
 
 
 def main() -> None:
@@ -240,6 +302,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--peers-only", action="store_true", help="skip ckptinspect's audit (the slow part under load)")
     ap.add_argument("--verify-only", action="store_true", help="only the manifest verify comparison")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each verifier (medians are compared)")
+    ap.add_argument("--no-msc", action="store_true", help="skip the msc:// verify run")
     args = ap.parse_args()
     import logging
 
@@ -263,7 +327,7 @@ def main() -> None:
         if not args.verify_only:
             bench_audit(args.ckpt, proxy, client, args.peers_only)
         if args.verify_mb:
-            bench_verify(args.verify_mb, args.files, Path(tmp))
+            bench_verify(args.verify_mb, args.files, Path(tmp), args.repeat, not args.no_msc)
     proxy.close()
     server.stop()
     _ = threading.active_count()
