@@ -158,8 +158,13 @@ class FsspecBackend:
             kwargs["Range"] = f"bytes={start}-"
         body = self.fs.call_s3("get_object", **kwargs)["Body"]
         try:
-            while parts := asyn.sync(self.fs.loop, _read_parts, body, chunk):
-                yield from parts
+            while True:
+                parts, error = asyn.sync(self.fs.loop, _read_parts, body, chunk)
+                yield from parts  # what arrived before a failure counts: the retry resumes after it
+                if error is not None:
+                    raise error
+                if not parts:
+                    return
         finally:
             asyn.sync(self.fs.loop, _close, body)
 
@@ -170,19 +175,23 @@ class FsspecBackend:
         return classify(exc)
 
 
-async def _read_parts(body: Any, size: int) -> list[bytes]:
-    """The next parts of a streaming body, `size` bytes in all at most (none at its end). The aiohttp stream
-    answers what it has buffered (~64-256 KiB a read): the parts are gathered on the loop and cross to the caller's
-    thread together, one hand-over per `size` bytes, without being copied into one."""
+async def _read_parts(body: Any, size: int) -> tuple[list[bytes], Exception | None]:
+    """The next parts of a streaming body, `size` bytes in all at most (none at its end), and the error that
+    stopped it early, if any. The aiohttp stream answers what it has buffered (~64-256 KiB a read): the parts are
+    gathered on the loop and cross to the caller's thread together, one hand-over per `size` bytes, without being
+    copied into one."""
     parts: list[bytes] = []
     got = 0
     while got < size:
-        part = await body.read(size - got)
+        try:
+            part = await body.read(size - got)
+        except Exception as e:  # noqa: BLE001 - raised by the caller after the parts that arrived before it
+            return parts, e
         if not part:
             break
         parts.append(part)
         got += len(part)
-    return parts
+    return parts, None
 
 
 async def _close(body: Any) -> None:
