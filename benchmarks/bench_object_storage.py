@@ -119,9 +119,9 @@ def bench_audit(ckpt: Path, proxy: FaultProxy, client: object, peers_only: bool 
     print(f"ckptinspect audit s3://: {c.requests} requests, {c.bytes} bytes, {c.seconds:.1f} s; "
           f"verdict {verdict(doc)} {'==' if same else '!='} local {verdict(ldoc)}")
     print(f"  its own count: {doc['storage']}")
-    print(f"  bytes / metadata objects = {c.bytes / meta_bytes:.3f} (target <= 1.05); "
-          f"requests {c.requests} vs 10 + {len(meta)} = {10 + len(meta)}")
-    breakdown(proxy.log, meta_bytes, byte_items(ckpt))
+    items = byte_items(ckpt)
+    breakdown(proxy.log, meta_bytes, items)
+    accountings(c.requests, c.bytes, doc["storage"], meta, items)
     proxy.log = None
     _peers(prefix, proxy)
 
@@ -139,6 +139,14 @@ def breakdown(log: list[tuple[str, str, int]], meta_bytes: int, items: dict[str,
         kinds[kind][1] += n
     for kind, (k, n) in sorted(kinds.items()):
         print(f"  {kind:24s} {k:6d} requests {n:12d} bytes")
+    per_file: dict[str, int] = {}
+    for method, path, _ in log:
+        name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        if method == "GET" and name.endswith(".distcp"):
+            per_file[name] = per_file.get(name, 0) + 1
+    again = {n: k for n, k in per_file.items() if k > 1}
+    print(f"  data files read: {len(per_file)}, of them with more than one GET: {len(again)} "
+          f"{sorted(again.items())[:5]}; data files with byte items not read: {len(set(items) - set(per_file))}")
     scanned = sum(n for _, n in items.values())
     print(f"  the safety scan must read {scanned} bytes of byte items in {len(items)} data files "
           f"(one GET per file at least: S3 has no multi-object or multi-range GET)")
@@ -148,6 +156,35 @@ def breakdown(log: list[tuple[str, str, int]], meta_bytes: int, items: dict[str,
     over_b = sum(n for kind, (_, n) in kinds.items() if not kind.startswith("byte items"))
     print(f"  overhead (everything but the byte items): {over} requests (target 10 + {len(META)}), "
           f"{over_b / meta_bytes:.3f}x the metadata bytes (target 1.05)")
+
+
+def _verdict_line(what: str, got: float, target: float, unit: str) -> str:
+    if got <= target:
+        return f"{what} {got:,.3f}{unit} <= {target:,.3f}{unit}: MET ({target - got:,.3f}{unit} to spare)"
+    return f"{what} {got:,.3f}{unit} > {target:,.3f}{unit}: MISSED by {got - target:,.3f}{unit}"
+
+
+def accountings(requests: int, nbytes: int, own: dict, meta: dict[str, int], items: dict[str, tuple[int, int]]
+                ) -> None:
+    """The issue's targets (bytes <= 1.05x the metadata objects' bytes, requests <= 10 + their number) under the two
+    ways of counting what the metadata objects are; `nbytes` / `requests` are the proxy's counts (every response
+    body, listing XML included), `own` is the audit's own `storage` count (object bytes only)."""
+    meta_bytes = sum(meta.values())
+    item_bytes = sum(n for _, n in items.values())
+    own_b = int(own["bytes_transferred"])
+    print("  accounting (a): metadata objects = .metadata + metadata.json + common.pt "
+          f"({len(meta)} objects, {meta_bytes:,} bytes)")
+    print("    " + _verdict_line("bytes", nbytes / meta_bytes, 1.05, "x") +
+          f" (own count {own_b / meta_bytes:.3f}x)")
+    print("    " + _verdict_line("requests", requests, 10 + len(meta), ""))
+    n_b = len(meta) + len(items)
+    lvl = meta_bytes + item_bytes
+    print(f"  accounting (b): metadata-level objects = those {len(meta)} + the {len(items)} data files holding byte "
+          f"items (the sharded non-tensor state DCP torch.loads on load: rng, rerun state, TE extra state, "
+          f"optimizer state), each counted as its byte items' bytes ({n_b} objects, {meta_bytes:,} + "
+          f"{item_bytes:,} = {lvl:,} bytes)")
+    print("    " + _verdict_line("bytes", nbytes / lvl, 1.05, "x") + f" (own count {own_b / lvl:.3f}x)")
+    print("    " + _verdict_line("requests", requests, 10 + n_b, ""))
 
 
 def _peers(prefix: str, proxy: FaultProxy) -> None:
@@ -188,10 +225,11 @@ _SERIAL = """
 import hashlib, json, sys, time
 import boto3
 t0 = time.time()
-bucket, prefix, manifest = sys.argv[1:4]
+bucket, prefix = sys.argv[1:3]
 s3 = boto3.client("s3")
 good = True
-for name, digest in json.load(open(manifest))["files"].items():  # serial, one stream: Megatron's verifier
+listed = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/integrity.json")["Body"].read())["files"]
+for name, digest in listed.items():  # serial, one stream: Megatron's verifier over the bucket
     body = s3.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"]
     h = hashlib.sha256()
     while chunk := body.read(1 << 20):
@@ -218,23 +256,36 @@ def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = True) -> None:
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = True,
+                 link_mibps: float | None = None) -> None:
     """Both verifiers against a moto server of their own, in its own process (the audit's server shares this
     process's GIL with the counting proxy; hashing throughput would measure that, not the verifiers). The two run
     alternately, `repeat` times each, each in a fresh process; the medians are compared both with the process
-    start (interpreter + imports) and without it."""
-    import socket
-
+    start (interpreter + imports) and without it. `link_mibps`: both read through `_shaper.py` (its own process),
+    which caps every connection's download rate, as object storage does per connection."""
     import boto3
 
     from ckptinspect.capabilities.manifest.manifest import write_manifest
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
+    shaper = None
+    read_endpoint = endpoint
+    if link_mibps:
+        sport = _free_port()
+        shaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_shaper.py")), str(sport),
+                                   str(port), str(link_mibps)])
+        read_endpoint = f"http://127.0.0.1:{sport}"
     try:
         s3 = boto3.client("s3", endpoint_url=endpoint)
         for _ in range(100):
@@ -244,7 +295,7 @@ def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = Tr
             except Exception:  # noqa: BLE001 - not listening yet
                 time.sleep(0.2)
         d = tmp / "verify"
-        d.mkdir()
+        d.mkdir(parents=True)
         per = mb * 1024 * 1024 // files
         for i in range(files):
             (d / f"__{i}_0.distcp").write_bytes(os.urandom(per))
@@ -252,8 +303,8 @@ def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = Tr
         for p in d.iterdir():
             s3.upload_file(str(p), BUCKET, f"verify/{p.name}")
         cfg = tmp / "msc_verify.yaml"
-        cfg.write_text(msc_config(endpoint).replace("ckpts", BUCKET))
-        env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, MSC_CONFIG=str(cfg))
+        cfg.write_text(msc_config(read_endpoint).replace("ckpts", BUCKET))
+        env = dict(os.environ, AWS_ENDPOINT_URL=read_endpoint, MSC_CONFIG=str(cfg))
         runs: dict[str, list[tuple[float, float]]] = {"ours": [], "serial": [], "msc": []}
         doc: dict = {}
         good = ""
@@ -261,7 +312,7 @@ def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = Tr
             wall, work, out = _timed(["-c", _OURS, "manifest", "verify", f"s3://{BUCKET}/verify", "-o", "json"], env)
             runs["ours"].append((wall, work))
             doc = json.loads(out)
-            wall, work, out = _timed(["-c", _SERIAL, BUCKET, "verify", str(d / "integrity.json")], env)
+            wall, work, out = _timed(["-c", _SERIAL, BUCKET, "verify"], env)
             runs["serial"].append((wall, work))
             good = out.strip()
         if msc:
@@ -270,13 +321,17 @@ def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = Tr
             runs["msc"].append((wall, work))
             mdoc = json.loads(out)
     finally:
-        server.terminate()
-        server.wait()
+        for proc in (shaper, server):
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
     ours_w, ours_t = _median([w for w, _ in runs["ours"]]), _median([t for _, t in runs["ours"]])
     ser_w, ser_t = _median([w for w, _ in runs["serial"]]), _median([t for _, t in runs["serial"]])
     st = doc["storage"]
-    print(f"manifest verify s3:// ({mb} MiB in {files} objects, moto in its own process, medians of {repeat} "
-          f"alternating fresh-process runs; load {os.getloadavg()[0]:.1f}):")
+    link = (f", every connection capped at {link_mibps:g} MiB/s by a shaping proxy in its own process"
+            if link_mibps else ", loopback, no cap")
+    print(f"manifest verify s3:// ({mb} MiB in {files} objects, moto in its own process{link}; medians of "
+          f"{repeat} alternating fresh-process runs; load {os.getloadavg()[0]:.1f}):")
     print(f"  ckptinspect: {ours_w:.2f} s with the process start, {ours_t:.2f} s without it "
           f"({mb / ours_t:.0f} MiB/s); status {doc['status']}, {st['requests']} requests "
           f"{st['requests_by_op']}, {st['bytes_transferred']} bytes, {st['retries']} retries")
@@ -304,6 +359,9 @@ def main() -> None:
     ap.add_argument("--verify-only", action="store_true", help="only the manifest verify comparison")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each verifier (medians are compared)")
     ap.add_argument("--no-msc", action="store_true", help="skip the msc:// verify run")
+    ap.add_argument("--link-mibps", type=float, default=None,
+                    help="also compare the verifiers with every connection capped at this rate (a model of object "
+                         "storage's per-connection throughput; `_shaper.py`)")
     args = ap.parse_args()
     import logging
 
@@ -328,6 +386,8 @@ def main() -> None:
             bench_audit(args.ckpt, proxy, client, args.peers_only)
         if args.verify_mb:
             bench_verify(args.verify_mb, args.files, Path(tmp), args.repeat, not args.no_msc)
+            if args.link_mibps:
+                bench_verify(args.verify_mb, args.files, Path(tmp) / "shaped", args.repeat, False, args.link_mibps)
     proxy.close()
     server.stop()
     _ = threading.active_count()
