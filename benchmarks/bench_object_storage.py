@@ -159,9 +159,10 @@ def breakdown(log: list[tuple[str, str, int]], meta_bytes: int, items: dict[str,
 
 
 def _verdict_line(what: str, got: float, target: float, unit: str) -> str:
+    fmt = (lambda v: f"{v:,.3f}{unit}") if unit else (lambda v: f"{int(v):,}")
     if got <= target:
-        return f"{what} {got:,.3f}{unit} <= {target:,.3f}{unit}: MET ({target - got:,.3f}{unit} to spare)"
-    return f"{what} {got:,.3f}{unit} > {target:,.3f}{unit}: MISSED by {got - target:,.3f}{unit}"
+        return f"{what} {fmt(got)} <= {fmt(target)}: MET ({fmt(target - got)} to spare)"
+    return f"{what} {fmt(got)} > {fmt(target)}: MISSED by {fmt(got - target)}"
 
 
 def accountings(requests: int, nbytes: int, own: dict, meta: dict[str, int], items: dict[str, tuple[int, int]]
