@@ -122,8 +122,10 @@ def test_a_stalled_body_times_out_and_is_resumed(ckpt: Path, s3_server: S3Server
     code, doc = verify(s3_server.url(PREFIX), options=("--storage-option", "config_kwargs.read_timeout=1"))
     assert proxy.injected == 1
     assert code == 0 and doc["status"] == "complete", doc["findings"]
-    assert doc["storage"]["retries"] == 1
-    assert [r is not None for r in _gets(proxy, "__1_0.distcp")] == [False, True]
+    # >= 1: under load another request can also exceed the 1 s timeout (and is retried too)
+    assert doc["storage"]["retries"] >= 1
+    first, *resumed = _gets(proxy, "__1_0.distcp")
+    assert first is None and resumed and all(r is not None and r.startswith("bytes=") for r in resumed)
 
 
 def test_a_503_on_the_get_is_retried(ckpt: Path, s3_server: S3Server, proxy: FaultProxy) -> None:  # noqa: F811
