@@ -212,20 +212,20 @@ def _peers(prefix: str, proxy: FaultProxy) -> None:
 # same clock in every process) at which its imports were done and its work began, and when the work ended: the
 # parent knows when it launched the process, so it gets both "with the process start" and "without it".
 _OURS = """
-import sys, time
+import os, sys, time
 import s3fs  # what `manifest verify s3://` imports anyway (msc:// imports multistorageclient instead)
 from ckptinspect.cli.app import app
-t0 = time.time()
+t0, c0 = time.time(), sum(os.times()[:2])
 try:
     app(sys.argv[1:])
 except SystemExit:
     pass
-sys.stderr.write(f"\\nTIMES {t0} {time.time()}\\n")
+sys.stderr.write(f"\\nTIMES {t0} {time.time()} {sum(os.times()[:2]) - c0}\\n")
 """
 _SERIAL = """
-import hashlib, json, sys, time
+import hashlib, json, os, sys, time
 import boto3
-t0 = time.time()
+t0, c0 = time.time(), sum(os.times()[:2])
 bucket, prefix = sys.argv[1:3]
 s3 = boto3.client("s3")
 good = True
@@ -237,20 +237,21 @@ for name, digest in listed.items():  # serial, one stream: Megatron's verifier o
         h.update(chunk)
     good &= h.hexdigest() == digest
 print(json.dumps({"ok": good}))
-sys.stderr.write(f"\\nTIMES {t0} {time.time()}\\n")
+sys.stderr.write(f"\\nTIMES {t0} {time.time()} {sum(os.times()[:2]) - c0}\\n")
 """
 
 
-def _timed(args: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall seconds with the process start, seconds of work without it, stdout) of a fresh process."""
+def _timed(args: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
+    """(wall seconds with the process start, seconds of work without it, CPU seconds of the work (all threads of
+    the process, user + system), stdout) of a fresh process."""
     launched = time.time()
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
     ended = time.time()
     line = [ln for ln in r.stderr.splitlines() if ln.startswith("TIMES ")]
     if not line:
         raise RuntimeError(f"{args[:3]}: no timing line; stderr: {r.stderr[-2000:]}")
-    t0, t1 = (float(x) for x in line[-1].split()[1:])
-    return ended - launched, t1 - t0, r.stdout
+    t0, t1, cpu = (float(x) for x in line[-1].split()[1:])
+    return ended - launched, t1 - t0, cpu, r.stdout
 
 
 def _median(xs: list[float]) -> float:
@@ -306,46 +307,47 @@ def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = Tr
         cfg = tmp / "msc_verify.yaml"
         cfg.write_text(msc_config(read_endpoint).replace("ckpts", BUCKET))
         env = dict(os.environ, AWS_ENDPOINT_URL=read_endpoint, MSC_CONFIG=str(cfg))
-        runs: dict[str, list[tuple[float, float]]] = {"ours": [], "serial": [], "msc": []}
+        runs: dict[str, list[tuple[float, float, float]]] = {"ours": [], "serial": [], "msc": []}
         doc: dict = {}
         good = ""
         for _ in range(repeat):
-            wall, work, out = _timed(["-c", _OURS, "manifest", "verify", f"s3://{BUCKET}/verify", "-o", "json"], env)
-            runs["ours"].append((wall, work))
+            wall, work, cpu, out = _timed(["-c", _OURS, "manifest", "verify", f"s3://{BUCKET}/verify", "-o", "json"],
+                                          env)
+            runs["ours"].append((wall, work, cpu))
             doc = json.loads(out)
-            wall, work, out = _timed(["-c", _SERIAL, BUCKET, "verify"], env)
-            runs["serial"].append((wall, work))
+            wall, work, cpu, out = _timed(["-c", _SERIAL, BUCKET, "verify"], env)
+            runs["serial"].append((wall, work, cpu))
             good = out.strip()
         if msc:
-            wall, work, out = _timed(["-c", _OURS.replace("import s3fs", "import multistorageclient"), "manifest",
-                                      "verify", f"msc://{BUCKET}/verify", "-o", "json"], env)
-            runs["msc"].append((wall, work))
+            wall, work, cpu, out = _timed(["-c", _OURS.replace("import s3fs", "import multistorageclient"),
+                                           "manifest", "verify", f"msc://{BUCKET}/verify", "-o", "json"], env)
+            runs["msc"].append((wall, work, cpu))
             mdoc = json.loads(out)
     finally:
         for proc in (shaper, server):
             if proc is not None:
                 proc.terminate()
                 proc.wait()
-    ours_w, ours_t = _median([w for w, _ in runs["ours"]]), _median([t for _, t in runs["ours"]])
-    ser_w, ser_t = _median([w for w, _ in runs["serial"]]), _median([t for _, t in runs["serial"]])
+    ours_w, ours_t, ours_c = (_median([r[k] for r in runs["ours"]]) for k in range(3))
+    ser_w, ser_t, ser_c = (_median([r[k] for r in runs["serial"]]) for k in range(3))
     st = doc["storage"]
     link = (f", every connection capped at {link_mibps:g} MiB/s by a shaping proxy in its own process"
             if link_mibps else ", loopback, no cap")
     print(f"manifest verify s3:// ({mb} MiB in {files} objects, moto in its own process{link}; medians of "
           f"{repeat} alternating fresh-process runs; load {os.getloadavg()[0]:.1f}):")
     print(f"  ckptinspect: {ours_w:.2f} s with the process start, {ours_t:.2f} s without it "
-          f"({mb / ours_t:.0f} MiB/s); status {doc['status']}, {st['requests']} requests "
+          f"({mb / ours_t:.0f} MiB/s), {ours_c:.2f} s CPU in it; status {doc['status']}, {st['requests']} requests "
           f"{st['requests_by_op']}, {st['bytes_transferred']} bytes, {st['retries']} retries")
     print(f"  serial single-stream verifier (boto3, one GET per object, 1 MiB reads): {ser_w:.2f} s with the "
-          f"process start, {ser_t:.2f} s without it ({mb / ser_t:.0f} MiB/s); {good}")
+          f"process start, {ser_t:.2f} s without it ({mb / ser_t:.0f} MiB/s), {ser_c:.2f} s CPU in it; {good}")
     print(f"  ratio (serial / ckptinspect, > 1 = faster): {ser_w / ours_w:.2f}x with the process start, "
           f"{ser_t / ours_t:.2f}x without it")
     print(f"  process start alone: ckptinspect {ours_w - ours_t:.2f} s (interpreter, ckptinspect, s3fs), "
           f"serial {ser_w - ser_t:.2f} s (interpreter, boto3)")
-    print(f"  all runs (wall, work): ours {[(round(a, 2), round(b, 2)) for a, b in runs['ours']]}, "
-          f"serial {[(round(a, 2), round(b, 2)) for a, b in runs['serial']]}")
+    print(f"  all runs (wall, work, work CPU): ours {[tuple(round(x, 2) for x in r) for r in runs['ours']]}, "
+          f"serial {[tuple(round(x, 2) for x in r) for r in runs['serial']]}")
     if runs["msc"]:
-        (mw, mt), = runs["msc"]
+        (mw, mt, _), = runs["msc"]
         ms = mdoc["storage"]
         print(f"  manifest verify msc:// (one run, ranged blocks of 32 MiB: MSC has no streamed read): {mw:.2f} s "
               f"with the process start, {mt:.2f} s without it; status {mdoc['status']}, {ms['requests']} requests")
