@@ -1,5 +1,5 @@
 """Object storage: what `audit` transfers from a real S3 API server, vs the metadata objects and vs the peers;
-`manifest verify` throughput from the server vs a serial single-stream verifier.
+`manifest verify` time from the server vs a serial single-stream verifier.
 
 A moto server (in this process, on 127.0.0.1) holds the checkpoint; every request of every client goes through a
 counting HTTP proxy, so bytes and requests are measured the same way for ckptinspect and for the peers:
@@ -15,10 +15,21 @@ data cannot be uploaded. Each `.distcp` is uploaded as its first bytes up to the
 generator writes byte items first), and its listed size is set to the real file's size inside moto. A metadata-level
 audit reads nothing past the byte items: the verdict comparison with the local audit proves it.
 
-    python tools/make_synthetic_ckpt.py /tmp/ck200k --chunks 200000
-    python benchmarks/bench_object_storage.py /tmp/ck200k [--verify-mb 512] [--files 8]
+The audit is judged under both accountings of "the metadata objects" (printed): (a) `.metadata` + `metadata.json` +
+`common.pt` only; (b) those plus every data file that holds byte items, counted as its byte items' bytes (the
+sharded non-tensor state DCP unpickles on load, which the pickle-safety scan reads).
 
-Targets: audit bytes ≤ 1.05 × (.metadata + metadata.json + common.pt), requests ≤ 10 + number of metadata objects.
+`manifest verify` (`--verify-mb`): a second moto server in its own process holds `--files` random objects and their
+manifest; ckptinspect and a serial single-stream boto3 verifier (one GET per object, like Megatron's verifier over
+a bucket) run alternately `--repeat` times, each in a fresh process, timed with and without the process start,
+with the CPU time of their work; `--link-mibps N` repeats the comparison with every connection capped at N MiB/s
+(`_shaper.py`, its own process: a model of object storage's per-connection throughput).
+
+    python tools/make_synthetic_ckpt.py /tmp/ck200k --chunks 200000
+    python benchmarks/bench_object_storage.py /tmp/ck200k [--verify-mb 512] [--files 8] [--repeat 3]
+        [--link-mibps 64] [--verify-only | --verify-mb 0]
+
+Targets: audit bytes ≤ 1.05 × the metadata objects' bytes, requests ≤ 10 + their number; verify faster than serial.
 """
 
 from __future__ import annotations
