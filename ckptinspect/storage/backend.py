@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import enum
 import errno
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ckptinspect.errors import UsageError

@@ -198,7 +198,7 @@ class Store:
         resume after a transient failure, `retry.resumable`), so what is held is one piece, whatever the object's
         size. Any other backend is read in consecutive ranged GETs of `STREAM_BLOCK` bytes (`read`). Either way the
         bytes are checked against the listing (size; ETag where reads are conditional), and a failure becomes the
-        same storage event as a failed `read`. Nothing is cached."""
+        same storage event as a failed `read`. A streamed object is not cached (a block read may be, as by `read`)."""
         if not self.backend.streams:
             for lo in range(0, info.size, STREAM_BLOCK):
                 block = self.read(key, lo, min(info.size, lo + STREAM_BLOCK), info)
