@@ -1,5 +1,5 @@
 """Object storage: what `audit` transfers from a real S3 API server, vs the metadata objects and vs the peers;
-`manifest verify` throughput from the server vs a serial single-stream verifier.
+`manifest verify` time from the server vs a serial single-stream verifier.
 
 A moto server (in this process, on 127.0.0.1) holds the checkpoint; every request of every client goes through a
 counting HTTP proxy, so bytes and requests are measured the same way for ckptinspect and for the peers:
@@ -15,16 +15,26 @@ data cannot be uploaded. Each `.distcp` is uploaded as its first bytes up to the
 generator writes byte items first), and its listed size is set to the real file's size inside moto. A metadata-level
 audit reads nothing past the byte items: the verdict comparison with the local audit proves it.
 
-    python tools/make_synthetic_ckpt.py /tmp/ck200k --chunks 200000
-    python benchmarks/bench_object_storage.py /tmp/ck200k [--verify-mb 512] [--files 8]
+The audit is judged under both accountings of "the metadata objects" (printed): (a) `.metadata` + `metadata.json` +
+`common.pt` only; (b) those plus every data file that holds byte items, counted as its byte items' bytes (the
+sharded non-tensor state DCP unpickles on load, which the pickle-safety scan reads).
 
-Targets: audit bytes ≤ 1.05 × (.metadata + metadata.json + common.pt), requests ≤ 10 + number of metadata objects.
+`manifest verify` (`--verify-mb`): a second moto server in its own process holds `--files` random objects and their
+manifest; ckptinspect and a serial single-stream boto3 verifier (one GET per object, like Megatron's verifier over
+a bucket) run alternately `--repeat` times, each in a fresh process, timed with and without the process start,
+with the CPU time of their work; `--link-mibps N` repeats the comparison with every connection capped at N MiB/s
+(`_shaper.py`, its own process: a model of object storage's per-connection throughput).
+
+    python tools/make_synthetic_ckpt.py /tmp/ck200k --chunks 200000
+    python benchmarks/bench_object_storage.py /tmp/ck200k [--verify-mb 512] [--files 8] [--repeat 3]
+        [--link-mibps 64] [--verify-only | --verify-mb 0]
+
+Targets: audit bytes ≤ 1.05 × the metadata objects' bytes, requests ≤ 10 + their number; verify faster than serial.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -120,9 +130,9 @@ def bench_audit(ckpt: Path, proxy: FaultProxy, client: object, peers_only: bool 
     print(f"ckptinspect audit s3://: {c.requests} requests, {c.bytes} bytes, {c.seconds:.1f} s; "
           f"verdict {verdict(doc)} {'==' if same else '!='} local {verdict(ldoc)}")
     print(f"  its own count: {doc['storage']}")
-    print(f"  bytes / metadata objects = {c.bytes / meta_bytes:.3f} (target <= 1.05); "
-          f"requests {c.requests} vs 10 + {len(meta)} = {10 + len(meta)}")
-    breakdown(proxy.log, meta_bytes, byte_items(ckpt))
+    items = byte_items(ckpt)
+    breakdown(proxy.log, meta_bytes, items)
+    accountings(c.requests, c.bytes, doc["storage"], meta, items)
     proxy.log = None
     _peers(prefix, proxy)
 
@@ -140,6 +150,14 @@ def breakdown(log: list[tuple[str, str, int]], meta_bytes: int, items: dict[str,
         kinds[kind][1] += n
     for kind, (k, n) in sorted(kinds.items()):
         print(f"  {kind:24s} {k:6d} requests {n:12d} bytes")
+    per_file: dict[str, int] = {}
+    for method, path, _ in log:
+        name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        if method == "GET" and name.endswith(".distcp"):
+            per_file[name] = per_file.get(name, 0) + 1
+    again = {n: k for n, k in per_file.items() if k > 1}
+    print(f"  data files read: {len(per_file)}, of them with more than one GET: {len(again)} "
+          f"{sorted(again.items())[:5]}; data files with byte items not read: {len(set(items) - set(per_file))}")
     scanned = sum(n for _, n in items.values())
     print(f"  the safety scan must read {scanned} bytes of byte items in {len(items)} data files "
           f"(one GET per file at least: S3 has no multi-object or multi-range GET)")
@@ -149,6 +167,36 @@ def breakdown(log: list[tuple[str, str, int]], meta_bytes: int, items: dict[str,
     over_b = sum(n for kind, (_, n) in kinds.items() if not kind.startswith("byte items"))
     print(f"  overhead (everything but the byte items): {over} requests (target 10 + {len(META)}), "
           f"{over_b / meta_bytes:.3f}x the metadata bytes (target 1.05)")
+
+
+def _verdict_line(what: str, got: float, target: float, unit: str) -> str:
+    fmt = (lambda v: f"{v:,.3f}{unit}") if unit else (lambda v: f"{int(v):,}")
+    if got <= target:
+        return f"{what} {fmt(got)} <= {fmt(target)}: MET ({fmt(target - got)} to spare)"
+    return f"{what} {fmt(got)} > {fmt(target)}: MISSED by {fmt(got - target)}"
+
+
+def accountings(requests: int, nbytes: int, own: dict, meta: dict[str, int], items: dict[str, tuple[int, int]]
+                ) -> None:
+    """The issue's targets (bytes <= 1.05x the metadata objects' bytes, requests <= 10 + their number) under the two
+    ways of counting what the metadata objects are; `nbytes` / `requests` are the proxy's counts (every response
+    body, listing XML included), `own` is the audit's own `storage` count (object bytes only)."""
+    meta_bytes = sum(meta.values())
+    item_bytes = sum(n for _, n in items.values())
+    own_b = int(own["bytes_transferred"])
+    print("  accounting (a): metadata objects = .metadata + metadata.json + common.pt "
+          f"({len(meta)} objects, {meta_bytes:,} bytes)")
+    print("    " + _verdict_line("bytes", nbytes / meta_bytes, 1.05, "x") +
+          f" (own count {own_b / meta_bytes:.3f}x)")
+    print("    " + _verdict_line("requests", requests, 10 + len(meta), ""))
+    n_b = len(meta) + len(items)
+    lvl = meta_bytes + item_bytes
+    print(f"  accounting (b): metadata-level objects = those {len(meta)} + the {len(items)} data files holding byte "
+          f"items (the sharded non-tensor state DCP torch.loads on load: rng, rerun state, TE extra state, "
+          f"optimizer state), each counted as its byte items' bytes ({n_b} objects, {meta_bytes:,} + "
+          f"{item_bytes:,} = {lvl:,} bytes)")
+    print("    " + _verdict_line("bytes", nbytes / lvl, 1.05, "x") + f" (own count {own_b / lvl:.3f}x)")
+    print("    " + _verdict_line("requests", requests, 10 + n_b, ""))
 
 
 def _peers(prefix: str, proxy: FaultProxy) -> None:
@@ -171,21 +219,86 @@ def _peers(prefix: str, proxy: FaultProxy) -> None:
           f"{c.requests} requests, {c.bytes} bytes, {c.seconds:.1f} s (inputs of a verdict, not one)")
 
 
-def bench_verify(mb: int, files: int, tmp: Path) -> None:
-    """Both verifiers against a moto server of their own, in its own process (the audit's server shares this
-    process's GIL with the counting proxy; hashing throughput would measure that, not the verifiers)."""
+# The two verifiers, each run as a fresh process. Each prints, to stderr, the wall-clock time (`time.time()`, the
+# same clock in every process) at which its imports were done and its work began, and when the work ended: the
+# parent knows when it launched the process, so it gets both "with the process start" and "without it".
+_OURS = """
+import os, sys, time
+import s3fs  # what `manifest verify s3://` imports anyway (msc:// imports multistorageclient instead)
+from ckptinspect.cli.app import app
+t0, c0 = time.time(), sum(os.times()[:2])
+try:
+    app(sys.argv[1:])
+except SystemExit:
+    pass
+sys.stderr.write(f"\\nTIMES {t0} {time.time()} {sum(os.times()[:2]) - c0}\\n")
+"""
+_SERIAL = """
+import hashlib, json, os, sys, time
+import boto3
+t0, c0 = time.time(), sum(os.times()[:2])
+bucket, prefix = sys.argv[1:3]
+s3 = boto3.client("s3")
+good = True
+listed = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/integrity.json")["Body"].read())["files"]
+for name, digest in listed.items():  # serial, one stream: Megatron's verifier over the bucket
+    body = s3.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"]
+    h = hashlib.sha256()
+    while chunk := body.read(1 << 20):
+        h.update(chunk)
+    good &= h.hexdigest() == digest
+print(json.dumps({"ok": good}))
+sys.stderr.write(f"\\nTIMES {t0} {time.time()} {sum(os.times()[:2]) - c0}\\n")
+"""
+
+
+def _timed(args: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
+    """(wall seconds with the process start, seconds of work without it, CPU seconds of the work (all threads of
+    the process, user + system), stdout) of a fresh process."""
+    launched = time.time()
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+    ended = time.time()
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("TIMES ")]
+    if not line:
+        raise RuntimeError(f"{args[:3]}: no timing line; stderr: {r.stderr[-2000:]}")
+    t0, t1, cpu = (float(x) for x in line[-1].split()[1:])
+    return ended - launched, t1 - t0, cpu, r.stdout
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _free_port() -> int:
     import socket
 
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = True,
+                 link_mibps: float | None = None) -> None:
+    """Both verifiers against a moto server of their own, in its own process (the audit's server shares this
+    process's GIL with the counting proxy; hashing throughput would measure that, not the verifiers). The two run
+    alternately, `repeat` times each, each in a fresh process; the medians are compared both with the process
+    start (interpreter + imports) and without it. `link_mibps`: both read through `_shaper.py` (its own process),
+    which caps every connection's download rate, as object storage does per connection."""
     import boto3
 
     from ckptinspect.capabilities.manifest.manifest import write_manifest
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
+    shaper = None
+    read_endpoint = endpoint
+    if link_mibps:
+        sport = _free_port()
+        shaper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_shaper.py")), str(sport),
+                                   str(port), str(link_mibps)])
+        read_endpoint = f"http://127.0.0.1:{sport}"
     try:
         s3 = boto3.client("s3", endpoint_url=endpoint)
         for _ in range(100):
@@ -195,42 +308,60 @@ def bench_verify(mb: int, files: int, tmp: Path) -> None:
             except Exception:  # noqa: BLE001 - not listening yet
                 time.sleep(0.2)
         d = tmp / "verify"
-        d.mkdir()
+        d.mkdir(parents=True)
         per = mb * 1024 * 1024 // files
         for i in range(files):
             (d / f"__{i}_0.distcp").write_bytes(os.urandom(per))
         write_manifest(d)
         for p in d.iterdir():
             s3.upload_file(str(p), BUCKET, f"verify/{p.name}")
-        env = dict(os.environ, AWS_ENDPOINT_URL=endpoint)
-        t = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "ckptinspect", "manifest", "verify", f"s3://{BUCKET}/verify",
-                            "-o", "json"], capture_output=True, text=True, env=env)
-        ours = time.perf_counter() - t
-        doc = json.loads(r.stdout)
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "ckptinspect", "sniff", f"s3://{BUCKET}/verify"],
-                       capture_output=True, text=True, env=env)
-        start = time.perf_counter() - t  # process start, imports and one listing: what a verify costs beyond hashing
-        listed = json.loads((d / "integrity.json").read_text())["files"]
-        t = time.perf_counter()
-        good = True
-        for name, digest in listed.items():  # serial, one stream: Megatron's verifier over a mounted bucket
-            body = s3.get_object(Bucket=BUCKET, Key=f"verify/{name}")["Body"]
-            h = hashlib.sha256()
-            while chunk := body.read(1 << 20):
-                h.update(chunk)
-            good &= h.hexdigest() == digest
-        serial = time.perf_counter() - t
+        cfg = tmp / "msc_verify.yaml"
+        cfg.write_text(msc_config(read_endpoint).replace("ckpts", BUCKET))
+        env = dict(os.environ, AWS_ENDPOINT_URL=read_endpoint, MSC_CONFIG=str(cfg))
+        runs: dict[str, list[tuple[float, float, float]]] = {"ours": [], "serial": [], "msc": []}
+        doc: dict = {}
+        good = ""
+        for _ in range(repeat):
+            wall, work, cpu, out = _timed(["-c", _OURS, "manifest", "verify", f"s3://{BUCKET}/verify", "-o", "json"],
+                                          env)
+            runs["ours"].append((wall, work, cpu))
+            doc = json.loads(out)
+            wall, work, cpu, out = _timed(["-c", _SERIAL, BUCKET, "verify"], env)
+            runs["serial"].append((wall, work, cpu))
+            good = out.strip()
+        if msc:
+            wall, work, cpu, out = _timed(["-c", _OURS.replace("import s3fs", "import multistorageclient"),
+                                           "manifest", "verify", f"msc://{BUCKET}/verify", "-o", "json"], env)
+            runs["msc"].append((wall, work, cpu))
+            mdoc = json.loads(out)
     finally:
-        server.terminate()
-        server.wait()
-    print(f"manifest verify s3:// ({mb} MiB in {files} objects, moto in its own process): ckptinspect {ours:.2f} s "
-          f"({mb / ours:.0f} MiB/s, status {doc['status']}, {doc['storage']['requests']} requests) vs serial "
-          f"single-stream {serial:.2f} s ({mb / serial:.0f} MiB/s, ok={good}): {serial / ours:.2f}x "
-          f"[process start included; a `sniff` of the same URL, i.e. start + imports + one listing, takes "
-          f"{start:.2f} s: " + (f"{serial / (ours - start):.2f}x without it]" if ours - start > 0.1 * ours
-                                else "it dominates at this size]"))
+        for proc in (shaper, server):
+            if proc is not None:
+                proc.terminate()
+                proc.wait()
+    ours_w, ours_t, ours_c = (_median([r[k] for r in runs["ours"]]) for k in range(3))
+    ser_w, ser_t, ser_c = (_median([r[k] for r in runs["serial"]]) for k in range(3))
+    st = doc["storage"]
+    link = (f", every connection capped at {link_mibps:g} MiB/s by a shaping proxy in its own process"
+            if link_mibps else ", loopback, no cap")
+    print(f"manifest verify s3:// ({mb} MiB in {files} objects, moto in its own process{link}; medians of "
+          f"{repeat} alternating fresh-process runs; load {os.getloadavg()[0]:.1f}):")
+    print(f"  ckptinspect: {ours_w:.2f} s with the process start, {ours_t:.2f} s without it "
+          f"({mb / ours_t:.0f} MiB/s), {ours_c:.2f} s CPU in it; status {doc['status']}, {st['requests']} requests "
+          f"{st['requests_by_op']}, {st['bytes_transferred']} bytes, {st['retries']} retries")
+    print(f"  serial single-stream verifier (boto3, one GET per object, 1 MiB reads): {ser_w:.2f} s with the "
+          f"process start, {ser_t:.2f} s without it ({mb / ser_t:.0f} MiB/s), {ser_c:.2f} s CPU in it; {good}")
+    print(f"  ratio (serial / ckptinspect, > 1 = faster): {ser_w / ours_w:.2f}x with the process start, "
+          f"{ser_t / ours_t:.2f}x without it")
+    print(f"  process start alone: ckptinspect {ours_w - ours_t:.2f} s (interpreter, ckptinspect, s3fs), "
+          f"serial {ser_w - ser_t:.2f} s (interpreter, boto3)")
+    print(f"  all runs (wall, work, work CPU): ours {[tuple(round(x, 2) for x in r) for r in runs['ours']]}, "
+          f"serial {[tuple(round(x, 2) for x in r) for r in runs['serial']]}")
+    if runs["msc"]:
+        (mw, mt, _), = runs["msc"]
+        ms = mdoc["storage"]
+        print(f"  manifest verify msc:// (one run, ranged blocks of 32 MiB: MSC has no streamed read): {mw:.2f} s "
+              f"with the process start, {mt:.2f} s without it; status {mdoc['status']}, {ms['requests']} requests")
 
 
 def main() -> None:
@@ -240,6 +371,11 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--peers-only", action="store_true", help="skip ckptinspect's audit (the slow part under load)")
     ap.add_argument("--verify-only", action="store_true", help="only the manifest verify comparison")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each verifier (medians are compared)")
+    ap.add_argument("--no-msc", action="store_true", help="skip the msc:// verify run")
+    ap.add_argument("--link-mibps", type=float, default=None,
+                    help="also compare the verifiers with every connection capped at this rate (a model of object "
+                         "storage's per-connection throughput; `_shaper.py`)")
     args = ap.parse_args()
     import logging
 
@@ -263,7 +399,9 @@ def main() -> None:
         if not args.verify_only:
             bench_audit(args.ckpt, proxy, client, args.peers_only)
         if args.verify_mb:
-            bench_verify(args.verify_mb, args.files, Path(tmp))
+            bench_verify(args.verify_mb, args.files, Path(tmp), args.repeat, not args.no_msc)
+            if args.link_mibps:
+                bench_verify(args.verify_mb, args.files, Path(tmp) / "shaped", args.repeat, False, args.link_mibps)
     proxy.close()
     server.stop()
     _ = threading.active_count()

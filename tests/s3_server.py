@@ -4,8 +4,8 @@
 127.0.0.1), points the real clients at it the way users do (``AWS_ENDPOINT_URL`` and the AWS key variables for
 s3fs / boto3; an ``MSC_CONFIG`` file with an ``s3`` profile for multi-storage-client) and creates one bucket.
 `upload` copies a local tree under a prefix. `FaultProxy` forwards HTTP to the server and, on demand, answers
-503 (SlowDown) or stalls for the next N requests whose path matches, so retries and timeouts are exercised
-against real clients, not mocks.
+503 (SlowDown) or stalls for the next N requests whose path matches, or cuts / stalls a response in the middle of
+its body, so retries, timeouts and resumed streams are exercised against real clients, not mocks.
 """
 
 from __future__ import annotations
@@ -97,12 +97,13 @@ class FaultProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.split("://", 1)[1]
         self._lock = threading.Lock()
-        self._rules: list[list[Any]] = []  # [pattern, remaining, action, seconds]
+        self._rules: list[list[Any]] = []  # [pattern, remaining, action, seconds, body bytes sent first, then]
         self.injected = 0
         self.requests = 0  # forwarded requests and the response bytes sent back (benchmarks count with these)
         self.bytes_out = 0
         self._pattern_hook: Any = None
         self.log: list[tuple[str, str, int]] | None = None  # (method, path, response bytes) when a list is set
+        self.gets: list[tuple[str, str | None]] = []  # (path, Range header) of every GET forwarded
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -117,6 +118,9 @@ class FaultProxy:
                 action = proxy._take(self.path)
                 if action is not None and action[0] == "before":
                     proxy._pattern_hook()
+                    action = None
+                mid_body = action if action is not None and action[0] in ("cut", "stall_body") else None
+                if mid_body is not None:
                     action = None
                 if action is not None and action[0] == "stall":
                     time.sleep(action[1])
@@ -147,6 +151,20 @@ class FaultProxy:
                 self.send_header("Content-Length", resp.getheader("Content-Length", "0")
                                  if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
+                with proxy._lock:
+                    if self.command == "GET":
+                        proxy.gets.append((self.path, self.headers.get("Range")))
+                if mid_body is not None:  # the promised length, then part of it, then silence or a closed socket
+                    _, seconds, sent, then = mid_body
+                    self.wfile.write(data[:sent])
+                    self.wfile.flush()
+                    if seconds:
+                        time.sleep(seconds)
+                    if then is not None:
+                        then()
+                    self.close_connection = True
+                    conn.close()
+                    return
                 if self.command != "HEAD":
                     self.wfile.write(data)
                 with proxy._lock:
@@ -169,32 +187,43 @@ class FaultProxy:
         host, port = self._httpd.server_address[:2]
         self.endpoint = f"http://{host}:{port}"
 
-    def _take(self, path: str) -> tuple[str, float] | None:
+    def _take(self, path: str) -> tuple[Any, ...] | None:
         with self._lock:
             for rule in self._rules:
                 if rule[0] in path and rule[1] > 0:
                     rule[1] -= 1
                     self.injected += 1
-                    return rule[2], rule[3]
+                    return rule[2], rule[3], rule[4], rule[5]
         return None
 
     def fail(self, pattern: str, n: int) -> None:
         with self._lock:
-            self._rules.append([pattern, n, "503", 0.0])
+            self._rules.append([pattern, n, "503", 0.0, 0, None])
 
     def deny(self, pattern: str, n: int) -> None:
         """The next `n` matching requests answer 403 AccessDenied (a policy that does not allow them)."""
         with self._lock:
-            self._rules.append([pattern, n, "403", 0.0])
+            self._rules.append([pattern, n, "403", 0.0, 0, None])
 
     def stall(self, pattern: str, n: int, seconds: float) -> None:
         with self._lock:
-            self._rules.append([pattern, n, "stall", seconds])
+            self._rules.append([pattern, n, "stall", seconds, 0, None])
+
+    def cut(self, pattern: str, n: int, after: int, then: Any = None) -> None:
+        """The next `n` matching responses announce their full length, send `after` bytes of the body and close
+        the connection (a reset mid-download); `then()` runs after the cut (e.g. rewrite the object)."""
+        with self._lock:
+            self._rules.append([pattern, n, "cut", 0.0, after, then])
+
+    def stall_body(self, pattern: str, n: int, after: int, seconds: float) -> None:
+        """The next `n` matching responses send `after` bytes of the body, then nothing for `seconds`, then close."""
+        with self._lock:
+            self._rules.append([pattern, n, "stall_body", seconds, after, None])
 
     def before(self, pattern: str, hook: Any) -> None:
         """Run `hook` (e.g. replace the object) just before the first request matching `pattern` is forwarded."""
         with self._lock:
-            self._rules.append([pattern, 1, "before", 0.0])
+            self._rules.append([pattern, 1, "before", 0.0, 0, None])
             self._pattern_hook = hook
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """Whole-file SHA-256 for the integrity manifests (`manifest.py`): which files can be hashed, and hashing many.
 
 Hashing runs on a thread pool (hashlib and `readinto` release the GIL), biggest files first, each thread reading into
-one reused buffer, so memory is bounded by ``workers × 4 MiB``. Only regular files are opened: a FIFO or device is
+one reused buffer, so memory is bounded by ``workers × 4 MiB``. An object is streamed (one GET per object, its body
+hashed as it arrives, ``workers × 1 MiB`` held; see `Store.stream`). Only regular files are opened: a FIFO or device is
 reported as not hashable, never a hang.
 """
 
@@ -23,6 +24,7 @@ from ckptinspect.storage.objpath import ObjectPath
 
 ALGORITHM = "sha256"  # the manifest's `algorithm`: the only one hashed here
 _CHUNK = 4 * 1024 * 1024
+_STREAM_PIECE = 1 << 20  # what one hashing thread holds of a streamed object (16 threads: 16 MiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,16 +38,19 @@ _local = threading.local()
 
 
 def _hash_object(path: ObjectPath, tick: _Ticker | None) -> _Hashed:
-    """SHA-256 of an object, streamed with ranged GETs (blocks of at most 32 MiB, checked against the listed ETag)."""
+    """SHA-256 of an object as listed, streamed: one GET whose body is hashed as it arrives, `_STREAM_PIECE` bytes
+    at a time (`Store.stream`: a ranged GET only to resume after a failure, checked against the listed ETag)."""
     h = hashlib.sha256()
     total = 0
     try:
-        with path.open_reader(whole=True, keep=False) as f:  # one pass: 32 MiB GETs, one block held
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-                total += len(chunk)
-                if tick is not None:
-                    tick.add(len(chunk))
+        info = path.object_info()
+        if info is None:
+            return _Hashed(None, 0, "object missing")
+        for piece in path.store.stream(path.key, info, _STREAM_PIECE):
+            h.update(piece)
+            total += len(piece)
+            if tick is not None:
+                tick.add(len(piece))
     except OSError as e:
         return _Hashed(None, total, f"{type(e).__name__}: {e.strerror or e}")
     return _Hashed(h.hexdigest(), total, None)

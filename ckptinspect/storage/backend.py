@@ -7,6 +7,10 @@ A backend is called by `session.Store` only, always through `retry.call`, in thi
 2. `head(key)`: one object's size and ETag, or None when it does not exist (only for a path nobody listed);
 3. `read(key, start, end, etag)`: the bytes [start, end) of one object; with `etag`, a backend that can make the
    read conditional raises `ObjectChanged` when the object is no longer the one listed;
+   `stream(key, start, etag, chunk)` (only when `streams` is True): the object from byte `start` to its end, as
+   ONE request whose body is iterated in pieces of at most `chunk` bytes (`manifest verify` hashes whole objects
+   this way; `start` > 0 only to resume after a failure). The request is made on the first `next()`, and every
+   error, of the request or mid-body, is raised from `next()`: the caller retries and resumes (`retry.resumable`);
 4. `write(key, data)`: only `manifest write --out URL` writes, and only when asked;
 5. `classify(exc)`: what an exception of the underlying client means (retry it, or which error it is).
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import errno
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -122,6 +127,13 @@ class Backend(Protocol):
     def head(self, key: str) -> ObjectInfo | None: ...
 
     def read(self, key: str, start: int, end: int, etag: str | None) -> bytes: ...
+
+    @property
+    def streams(self) -> bool:
+        """True when `stream` makes one request per object (else the store reads consecutive ranged blocks)."""
+        ...
+
+    def stream(self, key: str, start: int, etag: str | None, chunk: int) -> Iterator[bytes]: ...
 
     def write(self, key: str, data: bytes) -> None: ...
 

@@ -8,12 +8,18 @@ filesystem constructor. The library's own retries are turned off where it has a 
 S3 reads are conditional (``If-Match`` the listed ETag, through s3fs's ranged fetch), so an object replaced after
 the listing is seen as `ObjectChanged`. gcsfs and adlfs read through ``cat_file``, which has no precondition: for
 them a replaced object is only noticed if its size changed.
+
+S3 also streams (`stream`): one ``GetObject`` for the whole object (a ``Range: bytes=N-`` only to resume), its body
+read in pieces on s3fs's event loop and handed to the calling thread, so a hashing thread holds one piece, not the
+object, and the server sends each byte once (a ranged GET per block costs a request per block, and some servers,
+moto among them, read the whole object for every ranged GET). gcsfs and adlfs have no streamed read in their sync
+API: the store reads them in consecutive ranged blocks.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ckptinspect.storage.backend import Fault, Listing, ObjectInfo
@@ -21,6 +27,7 @@ from ckptinspect.storage.faults import classify
 from ckptinspect.storage.url import Scheme
 
 LIST_PAGE_KEYS = 1000  # entries per S3 listing page (the API's maximum)
+POOL_CONNECTIONS = 32  # botocore's default is 10: more parallel reads than that would queue for a connection
 _PROTOCOL = {Scheme.S3: "s3", Scheme.GS: "gcs", Scheme.GCS: "gcs", Scheme.AZ: "az", Scheme.ABFS: "abfs",
              Scheme.ABFSS: "abfs"}
 
@@ -55,7 +62,9 @@ class FsspecBackend:
         kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if scheme is Scheme.S3:
             config = {"retries": {"total_max_attempts": 1, "mode": "standard"},  # botocore: one attempt
-                      "connect_timeout": 10, "read_timeout": 60}
+                      "connect_timeout": 10, "read_timeout": 60,
+                      # one connection per stream: 16 hashing threads, and the 16 prefetch threads of a scan
+                      "max_pool_connections": POOL_CONNECTIONS}
             kwargs.update(config_kwargs=config)
         _merge(kwargs, options)
         self.fs: Any = fsspec.filesystem(_PROTOCOL[scheme], **kwargs)
@@ -131,8 +140,60 @@ class FsspecBackend:
             data = self.fs.cat_file(self._path(key), start=start, end=end)
         return bytes(data)
 
+    @property
+    def streams(self) -> bool:
+        return self.scheme is Scheme.S3
+
+    def stream(self, key: str, start: int, etag: str | None, chunk: int) -> Iterator[bytes]:
+        """The object from `start` to its end: one GetObject (If-Match the listed ETag), the body read on s3fs's
+        loop `chunk` bytes at a time (yielded as the parts aiohttp buffered, each smaller). Closing the generator
+        early drops the connection."""
+        if self.scheme is not Scheme.S3:
+            raise NotImplementedError(f"{self.scheme.value}:// has no streamed read here (`streams` is False)")
+        asyn: Any = importlib.import_module("fsspec.asyn")
+        kwargs: dict[str, Any] = {"Bucket": self.root, "Key": key}
+        if etag is not None:
+            kwargs["IfMatch"] = etag
+        if start > 0:
+            kwargs["Range"] = f"bytes={start}-"
+        body = self.fs.call_s3("get_object", **kwargs)["Body"]
+        try:
+            while True:
+                parts, error = asyn.sync(self.fs.loop, _read_parts, body, chunk)
+                yield from parts  # what arrived before a failure counts: the retry resumes after it
+                if error is not None:
+                    raise error
+                if not parts:
+                    return
+        finally:
+            asyn.sync(self.fs.loop, _close, body)
+
     def write(self, key: str, data: bytes) -> None:
         self.fs.pipe_file(self._path(key), data)
 
     def classify(self, exc: BaseException) -> Fault:
         return classify(exc)
+
+
+async def _read_parts(body: Any, size: int) -> tuple[list[bytes], Exception | None]:
+    """The next parts of a streaming body, `size` bytes in all at most (none at its end), and the error that
+    stopped it early, if any. The aiohttp stream answers what it has buffered (~64-256 KiB a read): the parts are
+    gathered on the loop and cross to the caller's thread together, one hand-over per `size` bytes, without being
+    copied into one."""
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        try:
+            part = await body.read(size - got)
+        except Exception as e:  # noqa: BLE001 - raised by the caller after the parts that arrived before it
+            return parts, e
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return parts, None
+
+
+async def _close(body: Any) -> None:
+    """Release the body's connection on the loop that owns it (to the pool once read to the end, else closed)."""
+    body.close()

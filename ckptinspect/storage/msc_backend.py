@@ -4,10 +4,16 @@ The profile comes from MSC's own configuration (``MSC_CONFIG``, ``~/.msc_config.
 profile's provider. Reads use `StorageClient.read(path, byte_range=Range(offset, size))`, MSC's native ranged read
 (its fsspec shim's ``cat_file`` ignores start/end and reads whole objects). MSC has no conditional read: a replaced
 object is only noticed if its size changed.
+
+MSC 1.3's public API has no streamed read of an object (``read`` returns the whole object or range as bytes;
+``download_file`` into a file object holds objects up to its 64 MiB multipart threshold in memory and splits larger
+ones into parallel 32 MiB ranged GETs): `streams` is False, and the store reads whole objects for `manifest verify`
+in consecutive ranged blocks (the same bounded blocks MSC's own ``RemoteFileReader`` makes).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from ckptinspect.storage.backend import Fault, Listing, ObjectInfo
@@ -59,6 +65,13 @@ class MscBackend:
         if end <= start:
             return b""
         return bytes(self.client.read(key, byte_range=Range(offset=start, size=end - start)))
+
+    @property
+    def streams(self) -> bool:
+        return False
+
+    def stream(self, key: str, start: int, etag: str | None, chunk: int) -> Iterator[bytes]:
+        raise NotImplementedError("msc:// has no streamed read (`streams` is False): read in ranged blocks")
 
     def write(self, key: str, data: bytes) -> None:
         self.client.write(key, data)

@@ -7,7 +7,7 @@ A CLI run is one session: `configure()` sets the ``--storage-option`` values bef
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ class StorageEvent:
 MAX_LIST_PAGES = 10_000  # 10M entries under one prefix (S3 pages hold 1000): a bound, not a limit anyone meets
 SMALL_OBJECT_BYTES = 4 << 20  # whole reads of objects up to this size are kept for the rest of the run ...
 SMALL_CACHE_BYTES = 64 << 20  # ... up to this much in total
+STREAM_BLOCK = 32 << 20  # `stream` of a backend without a streamed read: ranged GETs of this size
 
 _EVENT_CODE: dict[type[StorageError], str] = {ObjectChanged: "CK220", AccessDenied: "CK221", ObjectTruncated: "CK222",
                                               ObjectMissing: "CK223", RetriesExhausted: "CK224"}
@@ -189,6 +190,27 @@ class Store:
                     self._small[key] = (info.etag, data)
                     self._small_bytes += len(data)
         return data
+
+    def stream(self, key: str, info: ObjectInfo, chunk: int) -> Iterator[bytes]:
+        """The whole object as listed, in pieces of at most `chunk` bytes, for a single pass (hashing).
+
+        A backend that streams makes ONE request (`Backend.stream`; a ranged one from the first missing byte only to
+        resume after a transient failure, `retry.resumable`), so what is held is one piece, whatever the object's
+        size. Any other backend is read in consecutive ranged GETs of `STREAM_BLOCK` bytes (`read`). Either way the
+        bytes are checked against the listing (size; ETag where reads are conditional), and a failure becomes the
+        same storage event as a failed `read`. A streamed object is not cached (a block read may be, as by `read`)."""
+        if not self.backend.streams:
+            for lo in range(0, info.size, STREAM_BLOCK):
+                block = self.read(key, lo, min(info.size, lo + STREAM_BLOCK), info)
+                for at in range(0, len(block), chunk):
+                    yield block[at:at + chunk]
+            return
+        try:
+            yield from retry.resumable(self.backend, self._session.stats, key, info.size,
+                                       lambda start: self.backend.stream(key, start, info.etag, chunk))
+        except StorageError as e:
+            self._session.record(self._event(e, key, info))
+            raise
 
     def _event(self, e: StorageError, key: str, info: ObjectInfo) -> StorageEvent:
         code = next((c for t, c in _EVENT_CODE.items() if isinstance(e, t)), "CK224")
