@@ -27,6 +27,7 @@ class Ctx:
         self.special: dict[int, tuple[re.Pattern[bytes], dict[int, int]]] = {}
         self.version = w.memo.version
         self.dirty = False  # a fast path began to change the walk's state (its Fallback then ends the walk)
+        self.bound_good: set[tuple[str, bytes]] = set()  # boundary GETs verified (`stream_bounds.read_bounds`)
 
     def value(self, raw: bytes) -> Any:
         v = self.values.get(raw, _MISS)
@@ -43,6 +44,7 @@ class Ctx:
             self.good.clear()
             self.literals.clear()
             self.special.clear()
+            self.bound_good.clear()
             self.version = self.w.memo.version
 
     def learn(self, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str, Any], buf: bytes, pos: int) -> bool:
@@ -111,6 +113,10 @@ class Ctx:
             if idx.max(initial=-1) >= n0:  # a slot filled inside the run: by an earlier record?
                 ok &= idx < base
         return ok
+
+    def verify(self, raw: bytes, expect: Any, lim: int) -> bool:
+        """One GET holds what `expect` says (as `gets_ok` checks a named GET)."""
+        return self._verify((raw,), [expect], lim)
 
     def _verify(self, named: tuple[Any, ...], expects: list[Any], lim: int) -> bool:
         for raw, expect in zip(named, expects):

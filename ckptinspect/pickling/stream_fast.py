@@ -36,7 +36,7 @@ from ckptinspect.pickling.stream_eval import (
     Rows,
     StoragePairs,
 )
-from ckptinspect.pickling.stream_bounds import TENSOR_BOUNDARY, plan_segments, storage_segments, tensor_segments
+from ckptinspect.pickling.stream_bounds import plan_segments, read_bounds, storage_segments, tensor_segments
 from ckptinspect.pickling.stream_ctx import Ctx
 from ckptinspect.pickling.stream_patterns import (
     _CHUNK_WANT,
@@ -46,11 +46,17 @@ from ckptinspect.pickling.stream_patterns import (
     CHUNK_REC,
     CHUNK_RUN,
     PLAN,
+    PLAN_BOUND,
+    PLAN_BOUND_REC,
+    PLAN_BOUND_WANT,
     PLAN_REC,
     PLAN_RUN,
     STORAGE,
     STORAGE_REC,
     STORAGE_RUN,
+    TENSOR_BOUND,
+    TENSOR_BOUND_REC,
+    TENSOR_BOUND_WANT,
     WRITE_ITEM,
     _Pattern,
 )
@@ -146,25 +152,23 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     w = ctx.w
     ix = CHUNK.index
     n, n0 = len(cols[0]), w.memo.n
-    # a tensor boundary after the chunk: the next entry's key, its TensorStorageMetadata, dict, TensorProperties,
-    # their state tuple, torch.Size (3 slots) and the chunk list: 9 memo slots
-    cont = B.lengths(cols[at[ix["cont"]]]) > 0
-    tsize_col = cols[at[ix["tsize"]]]
-    bound = B.lengths(tsize_col) > 0
-    base = B.exclusive_cumsum(8 + 9 * bound, n0)
+    # a tensor boundary after the chunk (few rows): the next entry's key, its TensorStorageMetadata, dict,
+    # TensorProperties, their state tuple, torch.Size (3 slots) and the chunk list: 9 memo slots
+    bounds = read_bounds(ctx, TENSOR_BOUND, TENSOR_BOUND_REC, TENSOR_BOUND_WANT, cols[at[ix["bound"]]], n0)
+    extra = np.zeros(n, dtype=np.int64)
+    for r, b in bounds.items():
+        if b is not None and b.tensor:
+            extra[r] = 9
+    base = B.exclusive_cumsum(8 + extra, n0)
     ok = ctx.gets_ok(cols, at, CHUNK, _CHUNK_WANT, base, n0)
     both, nd = B.tuples(cols[at[ix["offsets"]]] + cols[at[ix["sizes"]]])  # one decode for the two columns
     o_nd, s_nd = nd[:n], nd[n:]
     split = int(o_nd.sum())
     offs, sizes = both[:split], both[split:]
     ok &= (o_nd == s_nd) & (o_nd <= 127)
-    ends = np.flatnonzero(cont | bound)
-    if len(ends):
-        key_ok = B.inline_names(cols[at[ix["key_len"]]], cols[at[ix["key"]]])[1]
-        ok &= key_ok
-        b_rows = np.flatnonzero(bound)
-        _, b_nd = B.tuples([tsize_col[i] for i in b_rows.tolist()])
-        ok[b_rows] &= b_nd <= 127
+    for r, b in bounds.items():
+        if b is None:
+            ok[r] = False
     k = B.first_false(ok)
     if not k:
         return -1
@@ -174,9 +178,9 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     sink.c_nd.frombytes(o_nd[:k].astype(np.int8).tobytes())
     sink.c_off.frombytes(offs[:cut].tobytes())
     sink.c_size.frombytes(sizes[:cut].tobytes())
-    ends_k = ends[ends < k].tolist()
-    if ends_k:
-        tensor_segments(ctx, start, k, ends_k, cont, {name: cols[at[ix[name]]] for name in TENSOR_BOUNDARY})
+    ends = [(r, b) for r, b in sorted(bounds.items()) if r < k and b is not None]  # a None row is >= k (cut)
+    if ends:
+        tensor_segments(ctx, start, k, ends)
         return _end(cols, pos, k)
     w.memo.skip(8 * k)
     w.stack.append(Rows(start, k))
@@ -315,18 +319,23 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     twd = present("twd_new")
     rec = (4 + fqn_inline + 3 * (present("offset_a") | present("offset_b")) + 2 * present("type_reduce")
            + twd * (2 + 2 * present("props_new") + 3 * present("size")))
-    # a SavePlan boundary after the record: [planner_data {}], the next SavePlan, its dict, its items list
-    cont, bound = present("cont"), present("k_sd")
-    pd_new = B.lengths(cols[at[ix["pd"]]]) == 2
-    base = B.exclusive_cumsum(rec + bound * (3 + pd_new), n0)
+    # a SavePlan boundary after the record (few rows): [planner_data {}], the next SavePlan, its dict, its items list
+    bounds = read_bounds(ctx, PLAN_BOUND, PLAN_BOUND_REC, PLAN_BOUND_WANT, cols[at[ix["bound"]]], n0)
+    extra = np.zeros(len(rec), dtype=np.int64)
+    for r, b in bounds.items():
+        if b is not None and b.plan:
+            extra[r] = 3 + b.pd_new
+    base = B.exclusive_cumsum(rec + extra, n0)
     ok &= ctx.gets_ok(cols, at, PLAN, _PLAN_WANT, base, n0)
+    for r, b in bounds.items():
+        if b is None:
+            ok[r] = False
     k = B.first_false(ok)
     if not k:
         return -1
-    ends = np.flatnonzero((cont | bound)[:k]).tolist()
+    ends = [(r, b) for r, b in sorted(bounds.items()) if r < k and b is not None]  # a None row is >= k (cut)
     if ends:
-        names = ("k_sd", "k_pd", "k_usable", "saveplan", "k_items")
-        plan_segments(ctx, k, rec, ends, cont, pd_new, {g: cols[at[ix[g]]] for g in names}, cols[at[ix["usable"]]])
+        plan_segments(ctx, k, rec, ends)
         return _end(cols, pos, k)
     w.memo.skip(int(rec[:k].sum()))  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
     w.stack.append(Rows(-1, k))  # plan items: only their number matters
