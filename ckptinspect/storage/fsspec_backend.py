@@ -3,7 +3,8 @@
 Credentials and endpoints come the way each library finds them (AWS env vars, profiles and ``AWS_ENDPOINT_URL``;
 Google application-default credentials; ``AZURE_STORAGE_*``), plus ``--storage-option KEY=VALUE`` passed to the
 filesystem constructor. The library's own retries are turned off where it has a switch (s3fs ``retries``, botocore
-``max_attempts``) so that `retry.call` alone retries, and counts what it retried.
+``max_attempts``, the Azure SDK's retry policy on adlfs's client) so that `retry.call` alone retries, and counts what
+it retried.
 
 S3 reads are conditional (``If-Match`` the listed ETag, through s3fs's ranged fetch), so an object replaced after
 the listing is seen as `ObjectChanged`. gcsfs and adlfs read through ``cat_file``, which has no precondition: for
@@ -70,6 +71,8 @@ class FsspecBackend:
         self.fs: Any = fsspec.filesystem(_PROTOCOL[scheme], **kwargs)
         if scheme is Scheme.S3:
             self.fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt, `retry.call` retries
+        elif scheme in (Scheme.AZ, Scheme.ABFS, Scheme.ABFSS):
+            _one_azure_attempt(self.fs)
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
@@ -173,6 +176,19 @@ class FsspecBackend:
 
     def classify(self, exc: BaseException) -> Fault:
         return classify(exc)
+
+
+def _one_azure_attempt(fs: Any) -> None:
+    """Turn off the Azure SDK's own retries on adlfs's service client (the container and blob clients it derives
+    share its policies): `retry.call` alone retries, and counts what it retried. adlfs builds the client without
+    passing retry options, and azure-storage-blob's default (`ExponentialRetry`: 3 retries after 15, 18 and 24 s)
+    made every request to an unreachable or failing endpoint take a minute, five minutes with `retry.call`'s
+    attempts. The policy objects are reached through the client's pipeline, which has no public accessor."""
+    pipeline = getattr(getattr(fs, "service_client", None), "_pipeline", None)
+    for policy in getattr(pipeline, "_impl_policies", ()):
+        if hasattr(policy, "total_retries") and hasattr(policy, "retry_to_secondary"):  # StorageRetryPolicy
+            for attr in ("total_retries", "connect_retries", "read_retries", "status_retries"):
+                setattr(policy, attr, 0)
 
 
 async def _read_parts(body: Any, size: int) -> tuple[list[bytes], Exception | None]:
