@@ -38,7 +38,7 @@ PKG_DIR = Path(__file__).parent / "azurite"
 INSTALL_TIMEOUT = 600  # s: a cold npm cache fetches ~370 packages (~190 MB unpacked)
 START_TIMEOUT = 60  # s
 _STAMP = ".ckptinspect-lock-sha256"
-_ENV_KEYS = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
+AZURE_ENV_KEYS = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
              "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_ANON", "AZURE_STORAGE_CLIENT_ID",
              "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_TENANT_ID")
 
@@ -59,6 +59,9 @@ class AzuriteServer:
         return connection_string(self.endpoint)
 
     def url(self, key: str, scheme: str = "az") -> str:
+        """``az://container/key``; for ``abfs`` the ``container@account.dfs.core.windows.net`` form."""
+        if scheme.startswith("abfs"):
+            return f"{scheme}://{self.container}@{ACCOUNT}.dfs.core.windows.net/{key}"
         return f"{scheme}://{self.container}/{key}"
 
 
@@ -122,7 +125,7 @@ def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite
              "--blobHost", "127.0.0.1", "--blobPort", str(port),
              "--inMemoryPersistence", "--disableTelemetry", "--silent", "--skipApiVersionCheck", "--loose"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=work)  # nothing lands in the repo
-    saved = {k: os.environ.pop(k, None) for k in _ENV_KEYS}
+    saved = {k: os.environ.pop(k, None) for k in AZURE_ENV_KEYS}
     try:
         _wait_port(proc, port, log)
         endpoint = f"http://127.0.0.1:{port}"

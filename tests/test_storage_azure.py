@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from azurite_server import ACCOUNT_KEY, AzuriteServer, azurite_server, upload_azure  # noqa: F401 - the fixture
+from azurite_server import (ACCOUNT_KEY, AZURE_ENV_KEYS, AzuriteServer, azurite_server,  # noqa: F401 - the fixture
+                             upload_azure)
 from ckptinspect.cli.app import app
-from s3_server import free_port
 from corpus import CASES, Case, Ctx, missing_source
+from s3_server import free_port
 from test_storage_acceptance import audit, verdict
 
 # the same cases as tests/test_storage_gcs.py: torch_dist is in the damaged ones, the flipped byte in `manifest verify`
@@ -56,8 +57,11 @@ def test_same_verdict_from_az(name: str, tmp_path: Path, azurite_server: Azurite
     _same_verdict(name, tmp_path, azurite_server, "az")
 
 
-def test_same_verdict_from_abfs(tmp_path: Path, azurite_server: AzuriteServer) -> None:  # noqa: F811
-    _same_verdict("truncated_distcp", tmp_path, azurite_server, "abfs")
+@pytest.mark.parametrize("name", ["truncated_distcp", "ok_legacy_checkpoint"])
+def test_same_verdict_from_abfs(name: str, tmp_path: Path, azurite_server: AzuriteServer) -> None:  # noqa: F811
+    """``abfs://container@account.dfs.core.windows.net/key``, the form Azure's own tools print (the account comes
+    from the connection string here: Azurite answers only on its own endpoint)."""
+    _same_verdict(name, tmp_path, azurite_server, "abfs")
 
 
 def _verify(target: str, *options: str) -> tuple[int, str, list[tuple[str, str]], list[tuple[str, str, bool]]]:
@@ -107,3 +111,18 @@ def test_unreachable_endpoint_fails_fast_with_counted_retries(azurite_server: Az
     assert r.exit_code == 2 and "cannot list or reach" in r.stderr and "after 2 attempts" in r.stderr, r.stderr
     assert took < 15, f"{took:.1f} s: the Azure SDK retried on its own"
     assert ACCOUNT_KEY not in r.output + r.stderr
+
+
+def test_abfs_url_names_the_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``abfs://container@acct.dfs.core.windows.net`` names the account: the client is built for it without
+    ``AZURE_STORAGE_ACCOUNT_NAME`` (as fsspec.open() does), and the container alone is the path root. A
+    ``--storage-option account_name=`` still wins."""
+    from ckptinspect.storage.fsspec_backend import FsspecBackend
+    from ckptinspect.storage.url import Scheme
+
+    for k in AZURE_ENV_KEYS:
+        monkeypatch.delenv(k, raising=False)
+    b = FsspecBackend(Scheme.ABFSS, "c@acct.dfs.core.windows.net", {"account_key": ACCOUNT_KEY})
+    assert (b.root, b.fs.account_name, b.fs.account_url) == ("c", "acct", "https://acct.blob.core.windows.net")
+    b = FsspecBackend(Scheme.ABFS, "c@acct.dfs.core.windows.net", {"account_name": "other", "account_key": "a2V5"})
+    assert (b.root, b.fs.account_name) == ("c", "other")

@@ -20,6 +20,7 @@ API: the store reads them in consecutive ranged blocks.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -54,13 +55,18 @@ def _merge(into: dict[str, Any], options: Mapping[str, Any]) -> None:
 
 
 class FsspecBackend:
-    """One bucket (s3, gs) or container (az, abfs) through an fsspec filesystem."""
+    """One bucket (s3, gs) or container (az, abfs) through an fsspec filesystem. `root` is the bucket or container
+    (for ``abfs://container@account...`` the container alone)."""
 
     def __init__(self, scheme: Scheme, authority: str, options: Mapping[str, Any]) -> None:
         fsspec: Any = importlib.import_module("fsspec")
         self.scheme = scheme
         self.root = authority
         kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+        if scheme in (Scheme.ABFS, Scheme.ABFSS) and "@" in authority:
+            self.root, account = _abfs_authority(authority)
+            if account is not None:
+                kwargs["account_name"] = account  # what fsspec.open() takes from such a URL; options override it
         if scheme is Scheme.S3:
             config = {"retries": {"total_max_attempts": 1, "mode": "standard"},  # botocore: one attempt
                       "connect_timeout": 10, "read_timeout": 60,
@@ -176,6 +182,16 @@ class FsspecBackend:
 
     def classify(self, exc: BaseException) -> Fault:
         return classify(exc)
+
+
+def _abfs_authority(authority: str) -> tuple[str, str | None]:
+    """``container@account.dfs.core.windows.net`` (the form Azure's tools print) → (container, account). The
+    account is taken from the host as adlfs's ``_get_kwargs_from_urls`` takes it (``*.dfs`` / ``*.blob`` under
+    ``core.windows.net``); without it, adlfs would need ``AZURE_STORAGE_ACCOUNT_NAME`` although the URL names
+    the account. Paths are then ``container/key``, which is how adlfs names what it lists."""
+    container, _, host = authority.partition("@")
+    m = re.fullmatch(r"([^.]+)\.(?:dfs|blob)\.core\.windows\.net", host.lower())
+    return container, (m.group(1) if m else None)
 
 
 def _one_azure_attempt(fs: Any) -> None:
