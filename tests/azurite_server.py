@@ -119,6 +119,8 @@ def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite
     work = tmp_path_factory.mktemp("azurite")
     port = free_port()
     log = work / "azurite.log"
+    # --skipApiVersionCheck: the pinned azure-storage-blob (12.31.1) sends API version 2026-10-06, newer than the
+    # 2025-11-05 Azurite 3.35.0 knows; --loose: unsupported headers are ignored rather than refused.
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [shutil.which("node") or "node", str(modules / "azurite" / "dist" / "src" / "blob" / "main.js"),
