@@ -126,3 +126,22 @@ def test_abfs_url_names_the_account(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (b.root, b.fs.account_name, b.fs.account_url) == ("c", "acct", "https://acct.blob.core.windows.net")
     b = FsspecBackend(Scheme.ABFS, "c@acct.dfs.core.windows.net", {"account_name": "other", "account_key": "a2V5"})
     assert (b.root, b.fs.account_name) == ("c", "other")
+
+
+@pytest.mark.parametrize("scheme", ["az", "abfs"])
+def test_blob_rewritten_after_the_listing_is_object_changed(scheme: str,
+                                                            azurite_server: AzuriteServer) -> None:  # noqa: F811
+    """Azure reads are conditional on the listed ETag, as S3's are: a blob rewritten with the same size between the
+    listing and the read is `ObjectChanged` (CK220), never the new blob's bytes read as if they were the old."""
+    from ckptinspect.storage.backend import ObjectChanged
+    from ckptinspect.storage.session import reset
+    from ckptinspect.storage.url import location
+
+    key = f"changed-{scheme}/blob.bin"
+    azurite_server.fs.pipe_file(f"{azurite_server.container}/{key}", b"a" * 4096)
+    reset()
+    path = location(azurite_server.url(key, scheme))
+    assert path.open_reader(keep=False).read(16) == b"a" * 16  # listed (ETag kept) and read while unchanged
+    azurite_server.fs.pipe_file(f"{azurite_server.container}/{key}", b"b" * 4096)
+    with pytest.raises(ObjectChanged):
+        path.open_reader(window=(1024, 16), keep=False).read(16)

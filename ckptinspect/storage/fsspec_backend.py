@@ -6,9 +6,10 @@ filesystem constructor. The library's own retries are turned off where it has a 
 ``max_attempts``, the Azure SDK's retry policy on adlfs's client) so that `retry.call` alone retries, and counts what
 it retried.
 
-S3 reads are conditional (``If-Match`` the listed ETag, through s3fs's ranged fetch), so an object replaced after
-the listing is seen as `ObjectChanged`. gcsfs and adlfs read through ``cat_file``, which has no precondition: for
-them a replaced object is only noticed if its size changed.
+S3 reads are conditional (``If-Match`` the listed ETag, through s3fs's ranged fetch), and so are Azure reads (the
+blob client's download with the SDK's ``etag`` / ``match_condition``, on adlfs's client and loop), so an object
+replaced after the listing is seen as `ObjectChanged`. gcsfs reads through ``cat_file``, which has no precondition:
+for it a replaced object is only noticed if its size changed.
 
 S3 also streams (`stream`): one ``GetObject`` for the whole object (a ``Range: bytes=N-`` only to resume), its body
 read in pieces on s3fs's event loop and handed to the calling thread, so a hashing thread holds one piece, not the
@@ -32,6 +33,7 @@ LIST_PAGE_KEYS = 1000  # entries per S3 listing page (the API's maximum)
 POOL_CONNECTIONS = 32  # botocore's default is 10: more parallel reads than that would queue for a connection
 _PROTOCOL = {Scheme.S3: "s3", Scheme.GS: "gcs", Scheme.GCS: "gcs", Scheme.AZ: "az", Scheme.ABFS: "abfs",
              Scheme.ABFSS: "abfs"}
+_AZURE = (Scheme.AZ, Scheme.ABFS, Scheme.ABFSS)
 
 
 def _etag(entry: Mapping[str, Any]) -> str | None:
@@ -77,7 +79,7 @@ class FsspecBackend:
         self.fs: Any = fsspec.filesystem(_PROTOCOL[scheme], **kwargs)
         if scheme is Scheme.S3:
             self.fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt, `retry.call` retries
-        elif scheme in (Scheme.AZ, Scheme.ABFS, Scheme.ABFSS):
+        elif scheme in _AZURE:
             _one_azure_attempt(self.fs)
 
     def _path(self, key: str) -> str:
@@ -145,6 +147,10 @@ class FsspecBackend:
             # If-Match: a replaced object answers 412, not the new object's bytes (s3fs's own ranged fetch).
             fetch: Any = importlib.import_module("s3fs.core")._fetch_range
             data = fetch(self.fs, self.root, key, None, start, end, req_kw={"IfMatch": etag})
+        elif self.scheme in _AZURE and etag is not None:
+            # adlfs's cat_file takes no precondition: the blob client's download, If-Match the listed ETag.
+            asyn: Any = importlib.import_module("fsspec.asyn")
+            data = asyn.sync(self.fs.loop, _azure_read, self.fs, self._path(key), start, end, etag)
         else:
             data = self.fs.cat_file(self._path(key), start=start, end=end)
         return bytes(data)
@@ -205,6 +211,18 @@ def _one_azure_attempt(fs: Any) -> None:
         if hasattr(policy, "total_retries") and hasattr(policy, "retry_to_secondary"):  # StorageRetryPolicy
             for attr in ("total_retries", "connect_retries", "read_retries", "status_retries"):
                 setattr(policy, attr, 0)
+
+
+async def _azure_read(fs: Any, path: str, start: int, end: int, etag: str) -> bytes:
+    """Bytes [start, end) of a blob, If-Match `etag` (a rewritten blob answers 412 -> `ObjectChanged`): adlfs's
+    own ``_cat_file`` with the SDK's precondition (``etag`` + ``MatchConditions.IfNotModified``) added."""
+    conditions: Any = importlib.import_module("azure.core").MatchConditions
+    container, blob, _ = fs.split_path(path)
+    async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
+        stream = await client.download_blob(offset=start, length=end - start, etag=etag,
+                                            match_condition=conditions.IfNotModified)
+        data: bytes = await stream.readall()
+        return data
 
 
 async def _read_parts(body: Any, size: int) -> tuple[list[bytes], Exception | None]:
