@@ -3,6 +3,8 @@ adlfs client: a handful of acceptance cases (healthy legacy and DCP checkpoints,
 data file, a hostile byte item) must give the local verdicts, and `manifest verify` from `az://` (consecutive ranged
 reads: adlfs has no streamed read in its sync API) the local results. The connection string reaches adlfs the two
 ways a user gives it: ``AZURE_STORAGE_CONNECTION_STRING`` (the fixture) and ``--storage-option connection_string=``.
+Also: a blob rewritten after the listing is `ObjectChanged` (reads are If-Match), a rejected key and an unreachable
+endpoint exit 2 quickly without printing the key, and ``abfs://container@account...`` names the account.
 """
 
 from __future__ import annotations
