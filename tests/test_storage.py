@@ -108,6 +108,31 @@ def test_unreachable_endpoint_is_exit_2_not_a_hang(s3_server: S3Server, monkeypa
     assert "testing" not in err  # the secret key never appears
 
 
+AZ_SECRET = "c2VjcmV0LWFjY291bnQta2V5"  # base64, as an account key is; nothing listens at 127.0.0.1:1
+
+
+@pytest.mark.parametrize("conn", [
+    f"DefaultEndpointsProtocol=http;AccountName=a;AccountKey={AZ_SECRET};BlobEndpoint=http://127.0.0.1:1/a;",
+    f"AccountKey={AZ_SECRET}",  # missing details: adlfs cannot build a client
+    f"BlobEndpoint=http://127.0.0.1:1/a;SharedAccessSignature=sv=2020-01-01&sig={AZ_SECRET}",
+])
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_azure_connection_string_secrets_are_not_printed(conn: str, how: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An az:// location that cannot be configured or reached exits 2 without printing the connection string's
+    key or SAS signature, whether it came from ``AZURE_STORAGE_CONNECTION_STRING`` or ``--storage-option``."""
+    monkeypatch.setenv("CKPTINSPECT_STORAGE_ATTEMPTS", "1")
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    args = ["audit", "az://c/run42"]
+    if how == "env":
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
+    else:
+        args = ["--storage-option", f"connection_string={conn}", *args]
+    code, out, err = cli(*args)
+    assert code == 2 and "az://c" in err, err
+    assert AZ_SECRET not in out + err
+
+
 # --- the byte budget ---------------------------------------------------------------------------------------------
 
 

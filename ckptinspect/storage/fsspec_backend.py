@@ -3,11 +3,13 @@
 Credentials and endpoints come the way each library finds them (AWS env vars, profiles and ``AWS_ENDPOINT_URL``;
 Google application-default credentials; ``AZURE_STORAGE_*``), plus ``--storage-option KEY=VALUE`` passed to the
 filesystem constructor. The library's own retries are turned off where it has a switch (s3fs ``retries``, botocore
-``max_attempts``) so that `retry.call` alone retries, and counts what it retried.
+``max_attempts``, the Azure SDK's retry policy on adlfs's client) so that `retry.call` alone retries, and counts what
+it retried.
 
-S3 reads are conditional (``If-Match`` the listed ETag, through s3fs's ranged fetch), so an object replaced after
-the listing is seen as `ObjectChanged`. gcsfs and adlfs read through ``cat_file``, which has no precondition: for
-them a replaced object is only noticed if its size changed.
+S3 reads are conditional (``If-Match`` the listed ETag, through s3fs's ranged fetch), and so are Azure reads (the
+blob client's download with the SDK's ``etag`` / ``match_condition``, on adlfs's client and loop), so an object
+replaced after the listing is seen as `ObjectChanged`. gcsfs reads through ``cat_file``, which has no precondition:
+for it a replaced object is only noticed if its size changed.
 
 S3 also streams (`stream`): one ``GetObject`` for the whole object (a ``Range: bytes=N-`` only to resume), its body
 read in pieces on s3fs's event loop and handed to the calling thread, so a hashing thread holds one piece, not the
@@ -19,6 +21,7 @@ API: the store reads them in consecutive ranged blocks.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,6 +33,7 @@ LIST_PAGE_KEYS = 1000  # entries per S3 listing page (the API's maximum)
 POOL_CONNECTIONS = 32  # botocore's default is 10: more parallel reads than that would queue for a connection
 _PROTOCOL = {Scheme.S3: "s3", Scheme.GS: "gcs", Scheme.GCS: "gcs", Scheme.AZ: "az", Scheme.ABFS: "abfs",
              Scheme.ABFSS: "abfs"}
+_AZURE = (Scheme.AZ, Scheme.ABFS, Scheme.ABFSS)
 
 
 def _etag(entry: Mapping[str, Any]) -> str | None:
@@ -53,13 +57,18 @@ def _merge(into: dict[str, Any], options: Mapping[str, Any]) -> None:
 
 
 class FsspecBackend:
-    """One bucket (s3, gs) or container (az, abfs) through an fsspec filesystem."""
+    """One bucket (s3, gs) or container (az, abfs) through an fsspec filesystem. `root` is the bucket or container
+    (for ``abfs://container@account...`` the container alone)."""
 
     def __init__(self, scheme: Scheme, authority: str, options: Mapping[str, Any]) -> None:
         fsspec: Any = importlib.import_module("fsspec")
         self.scheme = scheme
         self.root = authority
         kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+        if scheme in (Scheme.ABFS, Scheme.ABFSS) and "@" in authority:
+            self.root, account = _abfs_authority(authority)
+            if account is not None:
+                kwargs["account_name"] = account  # what fsspec.open() takes from such a URL; options override it
         if scheme is Scheme.S3:
             config = {"retries": {"total_max_attempts": 1, "mode": "standard"},  # botocore: one attempt
                       "connect_timeout": 10, "read_timeout": 60,
@@ -70,6 +79,8 @@ class FsspecBackend:
         self.fs: Any = fsspec.filesystem(_PROTOCOL[scheme], **kwargs)
         if scheme is Scheme.S3:
             self.fs.retries = 1  # s3fs's own retry loop (a class attribute): one attempt, `retry.call` retries
+        elif scheme in _AZURE:
+            _one_azure_attempt(self.fs)
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
@@ -136,6 +147,10 @@ class FsspecBackend:
             # If-Match: a replaced object answers 412, not the new object's bytes (s3fs's own ranged fetch).
             fetch: Any = importlib.import_module("s3fs.core")._fetch_range
             data = fetch(self.fs, self.root, key, None, start, end, req_kw={"IfMatch": etag})
+        elif self.scheme in _AZURE and etag is not None:
+            # adlfs's cat_file takes no precondition: the blob client's download, If-Match the listed ETag.
+            asyn: Any = importlib.import_module("fsspec.asyn")
+            data = asyn.sync(self.fs.loop, _azure_read, self.fs, self._path(key), start, end, etag)
         else:
             data = self.fs.cat_file(self._path(key), start=start, end=end)
         return bytes(data)
@@ -173,6 +188,41 @@ class FsspecBackend:
 
     def classify(self, exc: BaseException) -> Fault:
         return classify(exc)
+
+
+def _abfs_authority(authority: str) -> tuple[str, str | None]:
+    """``container@account.dfs.core.windows.net`` (the form Azure's tools print) → (container, account). The
+    account is taken from the host as adlfs's ``_get_kwargs_from_urls`` takes it (``*.dfs`` / ``*.blob`` under
+    ``core.windows.net``); without it, adlfs would need ``AZURE_STORAGE_ACCOUNT_NAME`` although the URL names
+    the account. Paths are then ``container/key``, which is how adlfs names what it lists."""
+    container, _, host = authority.partition("@")
+    m = re.fullmatch(r"([^.]+)\.(?:dfs|blob)\.core\.windows\.net", host.lower())
+    return container, (m.group(1) if m else None)
+
+
+def _one_azure_attempt(fs: Any) -> None:
+    """Turn off the Azure SDK's own retries on adlfs's service client (the container and blob clients it derives
+    share its policies): `retry.call` alone retries, and counts what it retried. adlfs builds the client without
+    passing retry options, and azure-storage-blob's default (`ExponentialRetry`: 3 retries after 15, 18 and 24 s)
+    made every request to an unreachable or failing endpoint take a minute, five minutes with `retry.call`'s
+    attempts. The policy objects are reached through the client's pipeline, which has no public accessor."""
+    pipeline = getattr(getattr(fs, "service_client", None), "_pipeline", None)
+    for policy in getattr(pipeline, "_impl_policies", ()):
+        if hasattr(policy, "total_retries") and hasattr(policy, "retry_to_secondary"):  # StorageRetryPolicy
+            for attr in ("total_retries", "connect_retries", "read_retries", "status_retries"):
+                setattr(policy, attr, 0)
+
+
+async def _azure_read(fs: Any, path: str, start: int, end: int, etag: str) -> bytes:
+    """Bytes [start, end) of a blob, If-Match `etag` (a rewritten blob answers 412 -> `ObjectChanged`): adlfs's
+    own ``_cat_file`` with the SDK's precondition (``etag`` + ``MatchConditions.IfNotModified``) added."""
+    conditions: Any = importlib.import_module("azure.core").MatchConditions
+    container, blob, _ = fs.split_path(path)
+    async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
+        stream = await client.download_blob(offset=start, length=end - start, etag=etag,
+                                            match_condition=conditions.IfNotModified)
+        data: bytes = await stream.readall()
+        return data
 
 
 async def _read_parts(body: Any, size: int) -> tuple[list[bytes], Exception | None]:
