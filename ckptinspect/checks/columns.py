@@ -21,20 +21,21 @@ I64 = np.int64
 
 
 def chunk_tensor_ids(table: ChunkTable) -> Any:
-    """Tensor index of every chunk row."""
-    return np.repeat(np.arange(table.n_tensors, dtype=I64), np.diff(table.tensor_start))
+    """Tensor index of every chunk row (int32 while the tensors fit it: 4 bytes a chunk)."""
+    dtype = np.int32 if table.n_tensors < 2**31 else I64
+    return np.repeat(np.arange(table.n_tensors, dtype=dtype), np.diff(table.tensor_start))
 
 
 def tensors_to_check(table: ChunkTable, check_storage: bool = True) -> Any:
     """Boolean per tensor: True where the exact per-tensor computation is needed (a 1-D tensor with a gap, an
-    overlap, a chunk out of bounds or without storage; every tensor that is not 1-D)."""
+    overlap, a chunk out of bounds or without storage; every tensor that is not 1-D). Temporaries are dropped as
+    soon as they are used (the peak is a few dozen bytes per chunk)."""
     t_nd = np.diff(table.shape_start)
     need = t_nd != 1
     n = table.n_chunks
     if n == 0:
         return need
     tid = chunk_tensor_ids(table)
-    c_nd = np.diff(table.coord_start)
     if check_storage:
         need |= np.bincount(tid[table.file_id < 0], minlength=table.n_tensors) > 0
     one = np.flatnonzero(t_nd == 1)
@@ -44,16 +45,23 @@ def tensors_to_check(table: ChunkTable, check_storage: bool = True) -> Any:
     dim[one] = table.shapes[table.shape_start[one]]
     rows = np.flatnonzero(t_nd[tid] == 1)
     t_r = tid[rows]
-    nd1 = c_nd[rows] == 1
-    start = np.zeros(len(rows), dtype=I64)
-    size = np.zeros(len(rows), dtype=I64)
-    cs = table.coord_start[rows[nd1]]
+    del tid
+    cs_all = table.coord_start[rows]
+    nd1 = table.coord_start[rows + 1] - cs_all == 1
+    del rows
+    start = np.zeros(len(t_r), dtype=I64)
+    size = np.zeros(len(t_r), dtype=I64)
+    cs = cs_all[nd1]
+    del cs_all
     start[nd1] = table.offsets[cs]
     size[nd1] = table.sizes[cs]
+    del cs
     end = start + size
     oob = ~nd1 | (start < 0) | (size < 0) | (end > dim[t_r])
+    del nd1
     need |= np.bincount(t_r[oob], minlength=table.n_tensors) > 0
     good = ~oob & (size > 0)
+    del oob, size
     # the global line: tensor t owns [base[t], base[t] + dim[t]]
     if int(dim[one].sum()) + len(one) >= (1 << 62):
         need[one] = True  # coordinates would not fit one int64 line: leave them to the exact code
@@ -61,19 +69,30 @@ def tensors_to_check(table: ChunkTable, check_storage: bool = True) -> Any:
     base = np.zeros(table.n_tensors, dtype=I64)
     base[one] = np.cumsum(dim[one] + 1) - (dim[one] + 1)
     t_g = t_r[good]
-    s = np.concatenate((base[t_g] + start[good], base[one]))
-    e = np.concatenate((base[t_g] + end[good], base[one]))
-    t_all = np.concatenate((t_g, one))
-    real = np.concatenate((np.ones(len(t_g), dtype=bool), np.zeros(len(one), dtype=bool)))
+    del t_r
+    b_g = base[t_g]
+    s = np.concatenate((b_g + start[good], base[one]))
+    del start
+    e = np.concatenate((b_g + end[good], base[one]))
+    del end, b_g, good
+    t_all = np.concatenate((t_g, one.astype(t_g.dtype)))
+    real = np.zeros(len(t_all), dtype=bool)
+    real[:len(t_g)] = True
+    del t_g
     order = np.lexsort((e, s))
-    s, e, t_all, real = s[order], e[order], t_all[order], real[order]
+    s = s[order]
+    e = e[order]
+    t_all = t_all[order]
+    real = real[order]
+    del order
     reach = np.maximum.accumulate(e)
+    del e
     prev = np.empty_like(reach)
     prev[0] = s[0]
     prev[1:] = reach[:-1]
-    gap = np.where(real & (s > prev), s - prev, 0)
-    over = np.where(real & (s < prev), np.minimum(e, prev) - s, 0)
-    bad = np.bincount(t_all, weights=(gap > 0) | (over > 0), minlength=table.n_tensors) > 0
+    # a gap (s > prev) or an overlap (s < prev, and a real chunk has size > 0 so it overlaps by min(e, prev) - s)
+    bad = np.bincount(t_all[real & (s != prev)], minlength=table.n_tensors) > 0
+    del s, prev, real
     # what remains uncovered at each tensor's end
     last = np.flatnonzero(np.append(t_all[1:] != t_all[:-1], True))
     tail = base[t_all[last]] + dim[t_all[last]] - reach[last]

@@ -78,55 +78,71 @@ def build_table(
     ends = _arr(sink.t_rows_end, I64)
     begins = np.concatenate(([0], ends[:-1])).astype(I64) if len(ends) else ends
     lens = (ends - begins)[order]
-    perm = _arr(sink.t_rows, I64)[gather_ranges(begins[order], lens)]
-    # chunks: coordinates in table order
-    c_nd = _arr(sink.c_nd, np.int8).astype(I64)
-    c_cs = _starts(c_nd)
-    nd = c_nd[perm]
-    cidx = gather_ranges(c_cs[perm], nd)
-    offsets = _arr(sink.c_off, I64)[cidx]
-    sizes = _arr(sink.c_size, I64)[cidx]
+    rows = _arr(sink.t_rows, I64)
+    if _in_stream_order(order, rows, len(t_nd), len(sink.c_nd)):
+        # every tensor once, its chunks in the order they were read (what a writer produces): the sink's columns
+        # are the table's, no copy
+        nd = _arr(sink.c_nd, np.int8)
+        offsets = _arr(sink.c_off, I64)
+        sizes = _arr(sink.c_size, I64)
+    else:
+        perm = rows[gather_ranges(begins[order], lens)]
+        c_nd = _arr(sink.c_nd, np.int8).astype(I64)
+        c_cs = _starts(c_nd)
+        nd = c_nd[perm]
+        cidx = gather_ranges(c_cs[perm], nd)
+        del perm, c_nd, c_cs
+        offsets = _arr(sink.c_off, I64)[cidx]
+        sizes = _arr(sink.c_size, I64)[cidx]
+        del cidx
+    del rows
     coord_start = _starts(nd)
-    n = len(perm)
-    # key ids: tensors 0..T-1, objects T.., fqns of neither after them
+    n = len(nd)
+    # key ids: tensors 0..T-1, objects T.., fqns of neither after them (in order of first use)
     kid: dict[str, int] = {k: i for i, k in enumerate(keys)}
     for k in object_keys:
         kid.setdefault(k, len(kid))
     known = len(kid)
-    s_kid_list = [kid.setdefault(s, len(kid)) for s in sink.s_fqn]
-    s_kid = np.array(s_kid_list, dtype=I64)
-    s_nd = _arr(sink.s_nd, np.int8).astype(I64)
+    for k in dict.fromkeys(sink.s_fqn):
+        kid.setdefault(k, len(kid))
+    s_kid: Any = np.fromiter(map(kid.__getitem__, sink.s_fqn), dtype=np.int32 if len(kid) < 2**31 else I64,
+                        count=len(sink.s_fqn))
+    s_nd = _arr(sink.s_nd, np.int8)
     s_cs = _starts(np.maximum(s_nd, 0))
     s_flat = _arr(sink.s_off, I64)
     s_file = _arr(sink.s_file, np.int32)
     s_pos = _arr(sink.s_pos, I64)
     s_len = _arr(sink.s_len, I64)
-    c_kid = np.repeat(np.arange(len(keys), dtype=I64), lens)
     match = np.full(n, -1, dtype=I64)  # chunk row -> storage row
     obj_match = np.full(len(object_keys), -1, dtype=I64)
     orphans = 0
+    t_end = np.cumsum(lens)  # end row (exclusive) of each tensor's chunks
     for d in sorted(set(np.unique(s_nd).tolist()) | set(np.unique(nd).tolist())):
         srows = np.flatnonzero(s_nd == d)
         if not len(srows):
             continue
-        skeys = _matrix(s_kid[srows], d, s_flat, s_cs[srows])
-        # last entry of each key wins (a dict assignment keeps the last value)
-        uniq, first_rev = np.unique(skeys[::-1], return_index=True)
-        last = srows[::-1][first_rev]
-        orphans += int(np.count_nonzero(s_kid[last] >= known))
         if d < 0:
+            skeys = _matrix(s_kid[srows], d, s_flat, s_cs[srows])
+            uniq, first_rev = np.unique(skeys[::-1], return_index=True)
+            last = srows[::-1][first_rev]
+            orphans += int(np.count_nonzero(s_kid[last] >= known))
             okeys = np.array([kid[k] for k in object_keys], dtype=I64)
             qkeys = _matrix(okeys, -1, s_flat, np.zeros(len(okeys), dtype=I64))
             obj_match = _lookup(uniq, last, qkeys)
             continue
         crows = np.flatnonzero(nd == d)
+        last, hits = _join(len(kid), d, s_kid[srows], s_flat, s_cs[srows], srows, t_end, crows, offsets,
+                           coord_start)
+        orphans += int(np.count_nonzero(s_kid[last] >= known))
         if len(crows):
-            qkeys = _matrix(c_kid[crows], d, offsets, coord_start[crows])
-            match[crows] = _lookup(uniq, last, qkeys)
+            match[crows] = hits
+        del crows, last, hits
     has = match >= 0
-    file_id = np.where(has, s_file[np.maximum(match, 0)] if len(s_file) else -1, -1).astype(np.int32)
-    byte_offset = np.where(has, s_pos[np.maximum(match, 0)] if len(s_pos) else 0, 0).astype(I64)
-    byte_length = np.where(has, s_len[np.maximum(match, 0)] if len(s_len) else 0, 0).astype(I64)
+    at = np.maximum(match, 0)
+    file_id = np.where(has, s_file[at] if len(s_file) else -1, -1).astype(np.int32, copy=False)
+    byte_offset = np.where(has, s_pos[at] if len(s_pos) else 0, 0).astype(I64, copy=False)
+    byte_length = np.where(has, s_len[at] if len(s_len) else 0, 0).astype(I64, copy=False)
+    del at, has
     transforms: dict[int, tuple[str, ...]] = {}
     if sink.s_transforms:
         for row in np.flatnonzero(np.isin(match, np.fromiter(sink.s_transforms, dtype=I64))).tolist():
@@ -142,6 +158,58 @@ def build_table(
     return table, objects, orphans
 
 
+def _in_stream_order(order: Any, rows: Any, n_tensors: int, n_chunks: int) -> bool:
+    """Whether the table's tensor order is the build order and its chunk order the read order (each row once)."""
+    import numpy as np
+
+    if len(order) != n_tensors or len(rows) != n_chunks:
+        return False
+    if n_tensors and not bool((order == np.arange(n_tensors)).all()):
+        return False
+    return not n_chunks or (int(rows[0]) == 0 and bool((rows[1:] - rows[:-1] == 1).all()))
+
+
+def _join(n_keys: int, d: int, s_kid: Any, s_flat: Any, s_cs: Any, srows: Any, t_end: Any, crows: Any,
+          c_flat: Any, coord_start: Any) -> tuple[Any, Any]:
+    """The storage join for keys with `d` axes: (the storage row each distinct key keeps — the last one, as a dict
+    assignment keeps it — and each chunk's storage row, -1 when absent). Keys are (key id, offsets...): packed into
+    one int64 (mixed radix from the columns' maxima) when that fits, else compared as rows of bytes. The callers
+    pass temporaries: each is dropped here as soon as it is used (peak memory at millions of chunks)."""
+    import numpy as np
+
+    c_cs = coord_start[crows]
+    radix = [n_keys]
+    for j in range(d):
+        hi = max(int(s_flat[s_cs + j].max(initial=0)), int(c_flat[c_cs + j].max(initial=0)) if len(c_cs) else 0)
+        radix.append(hi + 1)
+    del c_cs
+    total = 1
+    for r in radix:
+        total *= r
+    fits = total < 2**62
+    skeys = _packed(s_kid, d, s_flat, s_cs, radix) if fits else _matrix(s_kid, d, s_flat, s_cs)
+    del s_kid, s_cs
+    uniq, first_rev = np.unique(skeys[::-1], return_index=True)
+    del skeys
+    last = srows[::-1][first_rev]
+    del first_rev
+    c_kid = np.searchsorted(t_end, crows, side="right")  # each chunk row's tensor
+    c_cs = coord_start[crows]
+    qkeys = _packed(c_kid, d, c_flat, c_cs, radix) if fits else _matrix(c_kid, d, c_flat, c_cs)
+    del c_kid, c_cs
+    return last, _lookup(uniq, last, qkeys)
+
+
+def _packed(kids: Any, d: int, flat: Any, cstart: Any, radix: list[int]) -> Any:
+    import numpy as np
+
+    k = np.array(kids, dtype=np.int64)
+    for j in range(d):
+        k *= radix[j + 1]
+        k += flat[cstart + j]
+    return k
+
+
 def _lookup(uniq: Any, last: Any, q: Any) -> Any:
     """Storage row of each query key (-1 when absent)."""
     import numpy as np
@@ -149,8 +217,13 @@ def _lookup(uniq: Any, last: Any, q: Any) -> Any:
     I64 = np.int64
     if not len(q) or not len(uniq):
         return np.full(len(q), -1, dtype=I64)
-    pos = np.minimum(np.searchsorted(uniq, q), len(uniq) - 1)
-    return np.where(uniq[pos] == q, last[pos], -1).astype(I64)
+    pos = np.searchsorted(uniq, q)
+    np.minimum(pos, len(uniq) - 1, out=pos)
+    miss = uniq[pos] != q
+    out = last[pos].astype(I64, copy=False)
+    del pos
+    out[miss] = -1
+    return out
 
 
 def table_from_tensors(tensors: Sequence[Tensor], orig_shapes: Mapping[str, tuple[int, ...]]) -> ChunkTable:

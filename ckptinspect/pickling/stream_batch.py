@@ -95,25 +95,64 @@ def ints(col: Sequence[bytes]) -> Any:
     return decode_ints(col)
 
 
+def _ints_at(a: Any, p: Any) -> tuple[Any, Any]:
+    """(value, width) of the int opcode starting at each byte index `p` of `a` (uint8, padded by 10 zero bytes), as
+    `decode_ints` reads them. Any other opcode, or a LONG1 of 0 or more than 8 bytes, raises `Fallback`."""
+    op = a[p]
+    long1 = op == 0x8A
+    k = np.where(long1, a[p + 1], _WIDTH[op]).astype(I64)
+    if not k.all() or (k > 8).any():
+        raise Fallback("int opcode")
+    payload = p + 1 + long1
+    raw = a[payload[:, None] + _BYTE]
+    raw[_BYTE[None, :] >= k[:, None]] = 0
+    out = raw.view("<i8").ravel().copy()
+    neg = ((op == 0x4A) | long1) & (k < 8) & (raw[np.arange(len(p)), np.maximum(k - 1, 0)] >= 0x80)
+    if neg.any():
+        out[neg] -= np.left_shift(np.ones(int(neg.sum()), dtype=I64), 8 * k[neg])
+    return out, 1 + long1 + k
+
+
 def tuples(col: Sequence[bytes]) -> tuple[Any, Any]:
-    """(every int of the column's tuples in order, each record's arity: -1 where the tuple is absent)."""
-    joined = b"".join(col)
-    values = decode_ints(_TOKEN.findall(joined))
+    """(every int of the column's tuples in order, each record's arity: -1 where the tuple is absent). Each present
+    record is one tuple of ints as `stream_patterns._TUP` matches it: ints then TUPLE1/2/3, or MARK ints TUPLE."""
     if len(col) < SMALL:
+        joined = b"".join(col)
+        values = decode_ints(_TOKEN.findall(joined))
         arity = np.array([(_ARITY.get(c[-1]) or len(_TOKEN.findall(c))) if c else -1 for c in col], dtype=I64)
-    else:
-        lens = lengths(col)
-        present = lens > 0
-        arity = np.full(len(col), -1, dtype=I64)
-        if present.any():
-            rows = np.flatnonzero(present)
-            last = np.frombuffer(joined, dtype=np.uint8)[np.cumsum(lens)[rows] - 1]
-            ar = _ARITY_OF[last]
-            for j in np.flatnonzero(ar == 0).tolist():  # MARK ints TUPLE: count them
-                ar[j] = len(_TOKEN.findall(col[int(rows[j])]))
-            arity[rows] = ar
-    if int(np.maximum(arity, 0).sum()) != len(values):
+        if int(np.maximum(arity, 0).sum()) != len(values):
+            raise Fallback("tuple arity")
+        return values, arity
+    # numpy over all records at once, one int position at a time (at most the largest arity steps)
+    lens = lengths(col)
+    a = np.frombuffer(b"".join(col) + bytes(16), dtype=np.uint8)
+    rows = np.flatnonzero(lens)
+    end = np.cumsum(lens)[rows] - 1  # each tuple's last byte: TUPLE1/2/3 or TUPLE
+    cur = end - lens[rows] + 1
+    mark = a[cur] == 0x28
+    cur += mark
+    term = a[end]
+    want = _ARITY_OF[term]
+    if (mark & (term != 0x74)).any() or (~mark & (want == 0)).any():
         raise Fallback("tuple arity")
+    got = np.zeros(len(rows), dtype=I64)
+    steps: list[tuple[Any, Any]] = []
+    act = np.flatnonzero(cur < end)
+    while len(act):
+        vals, width = _ints_at(a, cur[act])
+        steps.append((act, vals))
+        got[act] += 1
+        cur[act] += width
+        act = act[cur[act] < end[act]]
+    if (cur != end).any() or (~mark & (got != want)).any() or (mark & (got == 0)).any():
+        raise Fallback("tuple arity")
+    first = np.zeros(len(rows), dtype=I64)
+    np.cumsum(got[:-1], out=first[1:])
+    values = np.empty(int(got.sum()), dtype=I64)
+    for j, (act, vals) in enumerate(steps):
+        values[first[act] + j] = vals
+    arity = np.full(len(col), -1, dtype=I64)
+    arity[rows] = got
     return values, arity
 
 
@@ -128,15 +167,27 @@ def get_slots(col: Sequence[bytes]) -> Any:
     """Each record's memo index of a captured BINGET (`h.`) / LONG_BINGET (`j....`), -1 where absent."""
     n = len(col)
     lens = lengths(col)
-    a = np.frombuffer(b"".join(col) + bytes(5), dtype=np.uint8).astype(I64)
+    a = np.frombuffer(b"".join(col) + bytes(5), dtype=np.uint8)
     start = np.zeros(n, dtype=I64)
     np.cumsum(lens[:-1], out=start[1:])
     out = np.full(n, -1, dtype=I64)
     h = lens == 2
     out[h] = a[start[h] + 1]
-    j = start[lens == 5] + 1
-    out[lens == 5] = a[j] | a[j + 1] << 8 | a[j + 2] << 16 | a[j + 3] << 24
+    long = lens == 5
+    if long.any():
+        j = start[long] + 1
+        out[long] = a[j].astype(I64) | a[j + 1].astype(I64) << 8 | a[j + 2].astype(I64) << 16 \
+            | a[j + 3].astype(I64) << 24
     return out
+
+
+def get_slots_many(cols: Sequence[Sequence[bytes]]) -> Any:
+    """`get_slots` of several columns of the same records at once (one numpy pass): shape (len(cols), n)."""
+    n = len(cols[0]) if cols else 0
+    flat: list[bytes] = []
+    for c in cols:
+        flat.extend(c)
+    return get_slots(flat).reshape(len(cols), n)
 
 
 def slots(col: Sequence[bytes]) -> tuple[Any, dict[bytes, int]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from ckptinspect.pickling.stream_eval import Global
-from ckptinspect.pickling.stream_patterns import _ANY_CLASS, _ANY_KEY, _Pattern
+from ckptinspect.pickling.stream_eval import OPAQUE, Global
+from ckptinspect.pickling.stream_patterns import _ANY_CLASS, _ANY_KEY, _ANY_VALUE, _Pattern
 
 if TYPE_CHECKING:
     from ckptinspect.pickling.stream_walk import Walker
@@ -26,6 +26,8 @@ class Ctx:
         self.literals: dict[int, dict[int, set[bytes]]] = {}
         self.special: dict[int, tuple[re.Pattern[bytes], dict[int, int]]] = {}
         self.version = w.memo.version
+        self.dirty = False  # a fast path began to change the walk's state (its Fallback then ends the walk)
+        self.bound_good: set[tuple[str, bytes]] = set()  # boundary GETs verified (`stream_bounds.read_bounds`)
 
     def value(self, raw: bytes) -> Any:
         v = self.values.get(raw, _MISS)
@@ -42,6 +44,7 @@ class Ctx:
             self.good.clear()
             self.literals.clear()
             self.special.clear()
+            self.bound_good.clear()
             self.version = self.w.memo.version
 
     def learn(self, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str, Any], buf: bytes, pos: int) -> bool:
@@ -83,15 +86,15 @@ class Ctx:
         from ckptinspect.pickling import stream_batch as B
 
         ok = np.ones(len(base), dtype=bool)
+        free = []  # GETs of any value: only their slots are checked, all columns in one numpy pass
         for i, name in pat.gets_named():
             if i not in at:  # a literal of the specialised pattern
                 continue
             col = cols[at[i]]
             expect = want.get(name, _MISS)
             if expect is _MISS:
-                idx = B.get_slots(col)
-                if idx.max(initial=-1) >= n0:  # a slot filled inside the run: by an earlier record?
-                    ok &= idx < base
+                if any(col):  # absent in every record (b""): nothing to check
+                    free.append(col)
                 continue
             new = set(col)
             new.discard(b"")
@@ -105,7 +108,15 @@ class Ctx:
                     bad.add(raw)
             if bad:
                 ok &= ~B.rows_with(col, bad)
+        if free:
+            idx = B.get_slots_many(free).max(axis=0)
+            if idx.max(initial=-1) >= n0:  # a slot filled inside the run: by an earlier record?
+                ok &= idx < base
         return ok
+
+    def verify(self, raw: bytes, expect: Any, lim: int) -> bool:
+        """One GET holds what `expect` says (as `gets_ok` checks a named GET)."""
+        return self._verify((raw,), [expect], lim)
 
     def _verify(self, named: tuple[Any, ...], expects: list[Any], lim: int) -> bool:
         for raw, expect in zip(named, expects):
@@ -119,6 +130,9 @@ class Ctx:
                     return False
             elif expect is _ANY_KEY:
                 if type(v) is not str:
+                    return False
+            elif expect is _ANY_VALUE:
+                if v is OPAQUE:
                     return False
             elif type(expect) is str and expect.startswith("torch."):
                 if v.__class__ is not Global or v.qual != expect:

@@ -36,6 +36,7 @@ from ckptinspect.pickling.stream_eval import (
     Rows,
     StoragePairs,
 )
+from ckptinspect.pickling.stream_bounds import plan_segments, read_bounds, storage_segments, tensor_segments
 from ckptinspect.pickling.stream_ctx import Ctx
 from ckptinspect.pickling.stream_patterns import (
     _CHUNK_WANT,
@@ -45,11 +46,17 @@ from ckptinspect.pickling.stream_patterns import (
     CHUNK_REC,
     CHUNK_RUN,
     PLAN,
+    PLAN_BOUND,
+    PLAN_BOUND_REC,
+    PLAN_BOUND_WANT,
     PLAN_REC,
     PLAN_RUN,
     STORAGE,
     STORAGE_REC,
     STORAGE_RUN,
+    TENSOR_BOUND,
+    TENSOR_BOUND_REC,
+    TENSOR_BOUND_WANT,
     WRITE_ITEM,
     _Pattern,
 )
@@ -70,6 +77,7 @@ def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
         k = 2 if buf[pos] == 0x68 else 5
         if pos + k >= len(buf) or buf[pos + k] != 0x29:
             return -1
+        ctx.dirty = False
         try:
             cls = ctx.value(buf[pos:pos + k])
             if cls.__class__ is not Global:
@@ -83,6 +91,8 @@ def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
                 return _storage(ctx, buf, pos)
             return -1
         except Fallback:
+            if ctx.dirty:  # raised while replaying the loop's steps (`stream_bounds.py`): the loop's own verdict
+                raise
             return -1
 
     w.fast[0x68] = fast
@@ -142,13 +152,23 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     w = ctx.w
     ix = CHUNK.index
     n, n0 = len(cols[0]), w.memo.n
-    base = n0 + 8 * np.arange(n, dtype=np.int64)
+    # a tensor boundary after the chunk (few rows): the next entry's key, its TensorStorageMetadata, dict,
+    # TensorProperties, their state tuple, torch.Size (3 slots) and the chunk list: 9 memo slots
+    bounds = read_bounds(ctx, TENSOR_BOUND, TENSOR_BOUND_REC, TENSOR_BOUND_WANT, cols[at[ix["bound"]]], n0)
+    extra = np.zeros(n, dtype=np.int64)
+    for r, b in bounds.items():
+        if b is not None and b.tensor:
+            extra[r] = 9
+    base = B.exclusive_cumsum(8 + extra, n0)
     ok = ctx.gets_ok(cols, at, CHUNK, _CHUNK_WANT, base, n0)
     both, nd = B.tuples(cols[at[ix["offsets"]]] + cols[at[ix["sizes"]]])  # one decode for the two columns
     o_nd, s_nd = nd[:n], nd[n:]
     split = int(o_nd.sum())
     offs, sizes = both[:split], both[split:]
     ok &= (o_nd == s_nd) & (o_nd <= 127)
+    for r, b in bounds.items():
+        if b is None:
+            ok[r] = False
     k = B.first_false(ok)
     if not k:
         return -1
@@ -158,6 +178,10 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     sink.c_nd.frombytes(o_nd[:k].astype(np.int8).tobytes())
     sink.c_off.frombytes(offs[:cut].tobytes())
     sink.c_size.frombytes(sizes[:cut].tobytes())
+    ends = [(r, b) for r, b in sorted(bounds.items()) if r < k and b is not None]  # a None row is >= k (cut)
+    if ends:
+        tensor_segments(ctx, start, k, ends)
+        return _end(cols, pos, k)
     w.memo.skip(8 * k)
     w.stack.append(Rows(start, k))
     w.rows_pushed += k
@@ -189,7 +213,8 @@ def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
     late = slots >= n0
     if late.any():
         ok &= ~late | (slots < base)
-    out = [value.get(g, "") if g else s for g, s in zip(get, strs)]
+    # a record spells its name or GETs it (the other column holds b"" / ""): `value` has no b"" key
+    out = list(map(value.get, get, strs))
     return out, ok
 
 
@@ -211,8 +236,7 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
         return cols[at[ix[name]]]
 
     n, n0 = len(cols[0]), memo.n
-    fqn_inline, ok = B.inline_names(B.joined(col("fqn_s_a_len"), col("fqn_s_b_len")),
-                                    fqn_s := B.joined(col("fqn_s_a"), col("fqn_s_b")))
+    fqn_inline, ok = B.inline_names(col("fqn_s_len"), fqn_s := col("fqn_s"))
     path_inline, ok2 = B.inline_names(col("path_s_len"), col("path_s"))
     ok &= ok2
     offs, nd = B.tuples(B.joined(col("offset_a"), col("offset_b")))
@@ -235,13 +259,14 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     push_slot = push_slot[order]
     push_val = list(map(push_val.__getitem__, order.tolist()))
     pushed = dict(zip(push_slot.tolist(), push_val))
-    fqns, ok3 = _names(ctx, B.joined(col("fqn_a"), col("fqn_b")), fqn_strs, base, n0, pushed)
+    fqns, ok3 = _names(ctx, col("fqn"), fqn_strs, base, n0, pushed)
     paths, ok4 = _names(ctx, col("path"), path_strs, base, n0, pushed)
     ok &= ok3 & ok4
     k = B.first_false(ok)
     if not k:
         return -1
-    pos_v, len_v = B.ints(col("pos")[:k]), B.ints(col("len")[:k])
+    pos_len = B.ints(col("pos")[:k] + col("len")[:k])  # one decode for the two columns
+    pos_v, len_v = pos_len[:k], pos_len[k:]
     cut = int(np.maximum(nd[:k], 0).sum())
     # memo: the names spelled in the run, at their slots (strings are what the loop keeps beyond LOW_MEMO)
     n_push = int(np.searchsorted(push_slot, n0 + int(count[:k].sum())))
@@ -258,10 +283,14 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     sink.s_fqn.extend(fqns[:k])
     sink.s_nd.frombytes(nd[:k].astype(np.int8).tobytes())
     sink.s_off.frombytes(offs[:cut].tobytes())
-    file_id = sink.file_id
-    sink.s_file.frombytes(np.fromiter(map(file_id, paths[:k]), dtype=np.int32, count=k).tobytes())
+    ids = {p: sink.file_id(p) for p in dict.fromkeys(paths[:k])}  # ids in order of first use, as one by one
+    sink.s_file.frombytes(np.fromiter(map(ids.__getitem__, paths[:k]), dtype=np.int32, count=k).tobytes())
     sink.s_pos.frombytes(pos_v.tobytes())
     sink.s_len.frombytes(len_v.tobytes())
+    ends = np.flatnonzero(B.lengths(col("batch")[:k]) > 0).tolist()
+    if ends:
+        storage_segments(ctx, k, ends)
+        return _end(cols, pos, k)
     w.stack.append(StoragePairs(k))
     w.pairs_pushed += k
     return _end(cols, pos, k)
@@ -284,19 +313,31 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
         return B.lengths(cols[at[ix[name]]]) > 0
 
     n0 = w.memo.n
-    fqn_inline, ok = B.inline_names(B.joined(cols[at[ix["fqn_s_a_len"]]], cols[at[ix["fqn_s_b_len"]]]),
-                                    B.joined(cols[at[ix["fqn_s_a"]]], cols[at[ix["fqn_s_b"]]]))
+    fqn_inline, ok = B.inline_names(cols[at[ix["fqn_s_len"]]], cols[at[ix["fqn_s"]]])
     # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
     # [TWD object, dict, [props object, state], [size: 3]]
     twd = present("twd_new")
-    count = (4 + fqn_inline + 3 * (present("offset_a") | present("offset_b")) + 2 * present("type_reduce")
-             + twd * (2 + 2 * present("props_new") + 3 * present("size")))
-    base = B.exclusive_cumsum(count, n0)
+    rec = (4 + fqn_inline + 3 * (present("offset_a") | present("offset_b")) + 2 * present("type_reduce")
+           + twd * (2 + 2 * present("props_new") + 3 * present("size")))
+    # a SavePlan boundary after the record (few rows): [planner_data {}], the next SavePlan, its dict, its items list
+    bounds = read_bounds(ctx, PLAN_BOUND, PLAN_BOUND_REC, PLAN_BOUND_WANT, cols[at[ix["bound"]]], n0)
+    extra = np.zeros(len(rec), dtype=np.int64)
+    for r, b in bounds.items():
+        if b is not None and b.plan:
+            extra[r] = 3 + b.pd_new
+    base = B.exclusive_cumsum(rec + extra, n0)
     ok &= ctx.gets_ok(cols, at, PLAN, _PLAN_WANT, base, n0)
+    for r, b in bounds.items():
+        if b is None:
+            ok[r] = False
     k = B.first_false(ok)
     if not k:
         return -1
-    w.memo.skip(int(count[:k].sum()))  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
+    ends = [(r, b) for r, b in sorted(bounds.items()) if r < k and b is not None]  # a None row is >= k (cut)
+    if ends:
+        plan_segments(ctx, k, rec, ends)
+        return _end(cols, pos, k)
+    w.memo.skip(int(rec[:k].sum()))  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
     w.stack.append(Rows(-1, k))  # plan items: only their number matters
     w.rows_pushed += k
     return _end(cols, pos, k)

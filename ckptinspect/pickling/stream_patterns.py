@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ckptinspect.pickling.stream_eval import CHUNK as CHUNK_CLS, INDEX, STORAGE_INFO
+from ckptinspect.pickling.stream_eval import CHUNK as CHUNK_CLS, INDEX, PROPS, STORAGE_INFO, TSM
 
 _INT = (rb"(?:K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.....|\x8a\x06......"
         rb"|\x8a\x07.......|\x8a\x08........)")
@@ -70,6 +70,17 @@ class _Pattern:
         all empty), so the records `findall` returns are exactly the contiguous run."""
         return re.compile(b"(" + b"".join(self.parts) + rb"(?:\x95.{8})*)|.+", re.DOTALL)
 
+    def inline(self) -> bytes:
+        """The pattern with its groups not capturing: to embed it as one group of another pattern."""
+        parts = list(self.parts)
+        for i in self.part_of.values():
+            assert parts[i].startswith(b"(")
+            parts[i] = b"(?:" + parts[i][1:]
+        return b"".join(parts)
+
+    def group(self, m: re.Match[bytes], name: str) -> bytes | None:
+        return m.group(self.index[name] + 1)
+
     def varying(self, *names: str) -> _Pattern:
         self.vary = frozenset(self.index[n] for n in names)
         return self
@@ -100,29 +111,39 @@ def _chunk_pattern(p: _Pattern, tag: str) -> _Pattern:
             .size(tag + "sizes").raw(b"ub"))
 
 
-CHUNK = _chunk_pattern(_Pattern(), "").varying()
+# What may follow a chunk inside a run (`stream_bounds.py`): the next batch of 1,000 of the same chunk list (APPENDS
+# MARK), or the end of this tensor (APPENDS, SETITEMS, BUILD of its TensorStorageMetadata) and the next
+# state_dict_metadata entry up to its chunk list's MARK: its key (SHORT_BINUNICODE), TensorStorageMetadata(properties=
+# TensorProperties(dtype, layout, requires_grad, memory_format, pin_memory), size=torch.Size, chunks=[...]). One
+# group of the chunk pattern (every record of a run carries it, empty but for a few): its fields are read from the
+# few rows that have one, with `TENSOR_BOUND_REC`.
+TENSOR_BOUND = _Pattern()
+(TENSOR_BOUND.raw(b"(?:").cap("cont", rb"e(?:\x95.{8})*\(").raw(b"|eub\x8c").cap("key_len", b".")
+ .cap("key", rb"[\x00-\x7f]*").raw(rb"\x94").get("tsm").raw(_NEW).get("k_properties").get("props_cls")
+ .raw(rb"\)\x81\x94\(").get("dtype").get("layout").cap("grad", rb"[\x88\x89]").get("memory_format")
+ .cap("pin", rb"[\x88\x89]").raw(rb"t\x94b").get("k_size").size("tsize").get("k_chunks").raw(rb"\]\x94\()"))
+TENSOR_BOUND_REC = TENSOR_BOUND.compile()
+CHUNK = _chunk_pattern(_Pattern(), "").cap("bound", b"(?:" + TENSOR_BOUND.inline() + b")?")
 CHUNK_REC = CHUNK.compile()
 CHUNK_RUN = CHUNK.compile_run()
 
 def _index(p: _Pattern, tag: str, strings: bool) -> _Pattern:
-    """MetadataIndex(fqn, offset, index): its state dict in either field order torch writes (`fqn, offset, index`,
-    or `fqn, index[, offset]`), offset None or a torch.Size, index None or an int."""
-    p.raw(b"(?:")
-    for alt in ("a", "b"):
-        p.get(f"k_fqn_{alt}").raw(b"(?:").get(f"fqn_{alt}").raw(b"|").string(f"fqn_s_{alt}").raw(b")")
-        if alt == "a":
-            p.get("k_offset_a").raw(b"(?:N|").size("offset_a").raw(b")")
-        p.get(f"k_index_{alt}").raw(b"(?:N|" + _INT + b")")
-        if alt == "b":
-            p.raw(b"(?:").get("k_offset_b").raw(b"(?:N|").size("offset_b").raw(b"))?")
-        p.raw(b"|" if alt == "a" else b")")
+    """MetadataIndex(fqn, offset, index): its state dict in either field order torch writes (`fqn, index[, offset]`
+    as `MetadataIndex.__init__` sets them, tried first, or `fqn, offset, index`), offset None or a torch.Size, index
+    None or an int. The name is matched once for both orders (no backtracking over it)."""
+    p.get("k_fqn").raw(b"(?:").get("fqn").raw(b"|").string("fqn_s").raw(b")(?:")
+    p.get("k_index_b").raw(b"(?:N|" + _INT + b")").raw(b"(?:").get("k_offset_b").raw(b"(?:N|").size("offset_b")
+    p.raw(b"))?|").get("k_offset_a").raw(b"(?:N|").size("offset_a").raw(b")").get("k_index_a")
+    p.raw(b"(?:N|" + _INT + b"))")
     return p
 
 
 STORAGE = _Pattern()
 _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 (STORAGE.get("si").raw(_NEW).get("k_path").raw(b"(?:").get("path").raw(b"|").string("path_s").raw(b")")
- .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub").varying("fqn_a", "fqn_b", "path"))
+ .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub")
+ # the end of a batch of 1,000 storage_data entries and the start of the next (SETITEMS MARK): `stream_bounds.py`
+ .cap("batch", rb"(?:u(?:\x95.{8})*\()?").varying("fqn", "path"))
 STORAGE_REC = STORAGE.compile()
 STORAGE_RUN = STORAGE.compile_run()
 
@@ -133,22 +154,38 @@ _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).r
  .get("k_tensor").raw(b"(?:N|").get("twd").cap("twd_new", _NEW).get("k_chunk").get("chunk").get("k_props")
  .raw(b"(?:").get("props_ref").raw(b"|").get("props").cap("props_new", rb"\)\x81\x94\(").get().get()
  .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|").size("size")
- .raw(b")ub)ub").varying("fqn_a", "fqn_b", "chunk", "props_ref", "size_ref"))
+ .raw(b")ub)ub"))
+# What may follow a WriteItem inside a run (`stream_bounds.py`): the next batch of the same items list (APPENDS MARK),
+# or the end of this SavePlan (APPENDS, its other fields, SETITEMS BUILD) and the start of the next one up to its
+# items list's MARK. SavePlan's fields in dataclass order: items, storage_data (None), planner_data, usable. One
+# group of the WriteItem pattern, as `TENSOR_BOUND`.
+PLAN_BOUND = _Pattern()
+(PLAN_BOUND.raw(b"(?:").cap("cont", rb"e(?:\x95.{8})*\(").raw(b"|e").get("k_sd").raw(b"N").get("k_pd")
+ .cap("pd", rb"\}\x94|N").get("k_usable").cap("usable", rb"[\x88\x89]").raw(b"ub").get("saveplan").raw(_NEW)
+ .get("k_items").raw(rb"\]\x94\()"))
+PLAN_BOUND_REC = PLAN_BOUND.compile()
+PLAN.cap("bound", b"(?:" + PLAN_BOUND.inline() + b")?").varying("fqn", "chunk", "props_ref", "size_ref")
 PLAN_REC = PLAN.compile()
 PLAN_RUN = PLAN.compile_run()
 
 WRITE_ITEM = "torch.distributed.checkpoint.planner.WriteItem"
+SAVE_PLAN = "torch.distributed.checkpoint.planner.SavePlan"
 _ANY_CLASS = object()
 _ANY_KEY = object()
+_ANY_VALUE = object()  # any value the walk kept (a GET of one it did not keep makes the loop fall back)
 
 _CHUNK_WANT = {"cls": CHUNK_CLS, "k_offsets": "offsets", "offsets_fn": tuple, "k_sizes": "sizes", "sizes_fn": tuple}
-_INDEX_WANT = {"k_fqn_a": "fqn", "k_offset_a": "offset", "offset_a_fn": tuple, "k_index_a": "index",
-               "k_fqn_b": "fqn", "k_offset_b": "offset", "offset_b_fn": tuple, "k_index_b": "index"}
+TENSOR_BOUND_WANT = {"tsm": TSM, "k_properties": _ANY_KEY, "props_cls": PROPS, "k_size": _ANY_KEY, "tsize_fn": tuple,
+                     "k_chunks": _ANY_KEY, "dtype": _ANY_VALUE, "layout": _ANY_VALUE, "memory_format": _ANY_VALUE}
+PLAN_BOUND_WANT = {"k_sd": _ANY_KEY, "k_pd": _ANY_KEY, "k_usable": _ANY_KEY, "saveplan": SAVE_PLAN,
+                   "k_items": _ANY_KEY}
+_INDEX_WANT = {"k_fqn": "fqn", "k_offset_a": "offset", "offset_a_fn": tuple, "k_index_a": "index",
+               "k_offset_b": "offset", "offset_b_fn": tuple, "k_index_b": "index"}
 _STORAGE_WANT = {"mi": INDEX, **_INDEX_WANT, "si": STORAGE_INFO, "k_path": "relative_path", "k_pos": "offset",
                  "k_len": "length"}
 _PLAN_WANT = {"wi": "torch.distributed.checkpoint.planner.WriteItem", "k_index": _ANY_KEY, "mi": _ANY_CLASS,
-              "k_fqn_a": _ANY_KEY, "k_offset_a": _ANY_KEY, "offset_a_fn": tuple, "k_index_a": _ANY_KEY,
-              "k_fqn_b": _ANY_KEY, "k_offset_b": _ANY_KEY, "offset_b_fn": tuple, "k_index_b": _ANY_KEY,
+              "k_fqn": _ANY_KEY, "k_offset_a": _ANY_KEY, "offset_a_fn": tuple, "k_index_a": _ANY_KEY,
+              "k_offset_b": _ANY_KEY, "offset_b_fn": tuple, "k_index_b": _ANY_KEY,
               "k_type": _ANY_KEY, "type_fn": int, "k_bytes": _ANY_KEY, "k_tensor": _ANY_KEY, "twd": _ANY_CLASS,
               "k_chunk": _ANY_KEY, "k_props": _ANY_KEY, "props": _ANY_CLASS, "k_size": _ANY_KEY, "size_fn": tuple}
 

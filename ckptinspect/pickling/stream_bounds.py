@@ -1,0 +1,253 @@
+"""The list and object boundaries a run of records crosses (`stream_fast.py`), replayed with the loop's own steps.
+
+A run of WriteItems used to end with its items list: at every `SavePlan` (one per rank, ~75 items each at 1M chunks)
+the loop took over for a few dozen opcodes and the next run paid the batch decoders' fixed cost again. The PLAN
+pattern now also matches what follows a WriteItem up to the next one when it is one of two fixed shapes
+(`stream_patterns.py`): APPENDS MARK (the next batch of 1,000 items of the same list), or APPENDS, the SavePlan's
+other fields, SETITEMS BUILD, and the next SavePlan up to its items list's MARK. Those opcodes are not modelled
+here: they are evaluated by the walker's own methods (`Walker.pop_mark`, `append`, `set_items`, `build`,
+`new_inst`, `new_list`, `Memo.push`), in the loop's order, on the values its GETs name (verified before: slots filled
+before the run, keys strings, the class `SavePlan`). So a stack the loop would refuse here raises the loop's
+`Fallback` at the same step; since the walk's state has changed by then, that `Fallback` is not the fast path's "not
+my pattern" but ends the walk (`Ctx.dirty`), exactly as the loop's own would.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from ckptinspect.pickling.stream_eval import MAX_STACK, OPAQUE, Fallback, Rows, StoragePairs
+
+if TYPE_CHECKING:
+    from ckptinspect.pickling.stream_ctx import Ctx
+    from ckptinspect.pickling.stream_patterns import _Pattern
+
+
+class Bound:
+    """One boundary a run crosses, read from its row's boundary group: `cont` (APPENDS MARK) or the next object."""
+
+    __slots__ = ("tensor", "plan", "pd_new", "get", "key", "grad", "pin", "usable", "size", "size_marked")
+
+    def __init__(self) -> None:
+        self.tensor = self.plan = False
+        self.pd_new = 0
+        self.get: dict[str, bytes] = {}
+        self.key = ""
+        self.grad = self.pin = self.usable = False
+        self.size: list[int] = []
+        self.size_marked = False
+
+
+def read_bounds(ctx: Ctx, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str, Any], col: list[bytes],
+                n0: int) -> dict[int, Bound | None]:
+    """The boundaries of a run's rows (the few with a non-empty boundary group), checked before anything changes:
+    every GET names a slot filled before the run that holds what `want` says (checked once per distinct GET), a
+    spelled key has its declared length, a torch.Size decodes to at most 127 ints. None for a row that does not
+    check out (the run is cut before it)."""
+    from ckptinspect.pickling import stream_batch as B
+
+    out: dict[int, Bound | None] = {}
+    if not any(col):
+        return out
+    good = ctx.bound_good
+    for r, raw in enumerate(col):
+        if not raw:
+            continue
+        m = rec.fullmatch(raw)
+        b: Bound | None = Bound() if m is not None else None
+        if m is not None and b is not None and not pat.group(m, "cont"):
+            for name, expect in want.items():
+                g = pat.group(m, name)
+                assert g is not None
+                if (name, g) not in good:
+                    if B.slot(g) < n0 and ctx.verify(g, expect, n0):
+                        good.add((name, g))
+                    else:
+                        b = None
+                        break
+                b.get[name] = g
+        if b is not None and m is not None and not pat.group(m, "cont"):
+            b = _fields(pat, m, b)
+        out[r] = b
+    return out
+
+
+def _fields(pat: _Pattern, m: re.Match[bytes], b: Bound) -> Bound | None:
+    from ckptinspect.pickling import stream_batch as B
+
+    if "tsm" in pat.index:
+        key_len, key = pat.group(m, "key_len"), pat.group(m, "key")
+        assert key_len is not None and key is not None
+        if key_len[0] != len(key):
+            return None
+        size = pat.group(m, "tsize")
+        assert size is not None
+        try:
+            values, arity = B.tuples([size])
+        except Fallback:
+            return None
+        if int(arity[0]) > 127:
+            return None
+        b.tensor = True
+        b.key = key.decode("utf-8", "surrogatepass")
+        b.grad, b.pin = pat.group(m, "grad") == b"\x88", pat.group(m, "pin") == b"\x88"
+        b.size, b.size_marked = values.tolist(), size[:1] == b"("
+    else:
+        b.plan = True
+        b.pd_new = int(pat.group(m, "pd") == b"}\x94")
+        b.usable = pat.group(m, "usable") == b"\x88"
+    return b
+
+
+def _mark(w: Any) -> None:
+    w.marks.append(len(w.stack))
+    if len(w.marks) + len(w.stack) > MAX_STACK:
+        raise Fallback("stack bound")
+
+
+def _rows(w: Any, n: int) -> None:
+    if n:
+        w.stack.append(Rows(-1, n))
+        w.rows_pushed += n
+
+
+def plan_segments(ctx: Ctx, k: int, rec_slots: Any, ends: list[tuple[int, Bound]]) -> None:
+    """Apply the first `k` records of a plans run whose rows `ends` end with a boundary: per segment, skip its
+    records' memo slots and push their `Rows` marker, then replay the boundary. `rec_slots`: each record's MEMOIZE
+    count (without its boundary)."""
+    import numpy as np
+
+    w = ctx.w
+    ctx.dirty = True
+    memo, stack = w.memo, w.stack
+    cum = np.concatenate(([0], np.cumsum(rec_slots[:k]))).tolist()
+    prev = 0
+    for r, b in ends:
+        memo.skip(int(cum[r + 1] - cum[prev]))
+        _rows(w, r + 1 - prev)
+        items = w.pop_mark()  # APPENDS
+        w.append(stack[-1], items)
+        prev = r + 1
+        if not b.plan:
+            _mark(w)  # MARK: the next batch of the same list
+            continue
+        value = ctx.value
+        pd: Any = None
+        if b.pd_new:
+            pd = {}
+            memo.push(pd)
+        stack.extend((value(b.get["k_sd"]), None, value(b.get["k_pd"]), pd, value(b.get["k_usable"]), b.usable))
+        items = w.pop_mark()  # SETITEMS
+        w.set_items(stack[-1], items)
+        state = stack.pop()  # BUILD
+        w.build(stack[-1], state)
+        inst = w.new_inst(value(b.get["saveplan"]), ())  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
+        stack.append(inst)
+        memo.push(inst)
+        d: dict[Any, Any] = {}  # EMPTY_DICT MEMOIZE MARK
+        stack.append(d)
+        memo.push(d)
+        _mark(w)
+        stack.append(value(b.get["k_items"]))  # GET EMPTY_LIST MEMOIZE MARK
+        lst = w.new_list()
+        stack.append(lst)
+        memo.push(lst)
+        _mark(w)
+    memo.skip(int(cum[k] - cum[prev]))
+    _rows(w, k - prev)
+
+
+def tensor_segments(ctx: Ctx, start: int, k: int, ends: list[tuple[int, Bound]]) -> None:
+    """Apply the first `k` records of a chunk run (their rows already in the sink from row `start`) whose rows
+    `ends` end with a boundary: per segment, skip its chunks' memo slots (8 each) and push their `Rows` marker, then
+    replay the boundary opcode by opcode with the walker's methods."""
+    w = ctx.w
+    ctx.dirty = True
+    memo, stack, sink = w.memo, w.stack, w.sink
+
+    def get(b: Bound, name: str) -> Any:  # BINGET / LONG_BINGET, as the loop pushes it
+        v = ctx.value(b.get[name])
+        if v is OPAQUE:
+            raise Fallback("memo GET of a value not kept")
+        stack.append(v)
+        return v
+
+    def memoize() -> None:
+        memo.push(stack[-1])
+
+    prev = 0
+    for r, b in ends:
+        memo.skip(8 * (r + 1 - prev))
+        stack.append(Rows(start + prev, r + 1 - prev))
+        w.rows_pushed += r + 1 - prev
+        items = w.pop_mark()  # APPENDS
+        w.append(stack[-1], items)
+        prev = r + 1
+        if not b.tensor:
+            _mark(w)  # MARK: the next batch of the same list
+            continue
+        items = w.pop_mark()  # SETITEMS
+        w.set_items(stack[-1], items)
+        state = stack.pop()  # BUILD: the tensor's row (`Sink.add_tensor`)
+        w.build(stack[-1], state)
+        stack.append(sink.intern(b.key))  # SHORT_BINUNICODE MEMOIZE
+        memoize()
+        stack[-1] = w.new_inst(get(b, "tsm"), ())  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
+        memoize()
+        stack.append({})  # EMPTY_DICT MEMOIZE MARK
+        memoize()
+        _mark(w)
+        get(b, "k_properties")
+        stack[-1] = w.new_inst(get(b, "props_cls"), ())  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
+        memoize()
+        _mark(w)  # MARK GET GET NEWFALSE/NEWTRUE GET NEWFALSE/NEWTRUE TUPLE MEMOIZE BUILD
+        get(b, "dtype")
+        get(b, "layout")
+        stack.append(b.grad)
+        get(b, "memory_format")
+        stack.append(b.pin)
+        stack.append(tuple(w.pop_mark()))
+        memoize()
+        state = stack.pop()
+        w.build(stack[-1], state)
+        get(b, "k_size")
+        get(b, "tsize_fn")  # GET ints TUPLEn MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE
+        if b.size_marked:
+            _mark(w)
+            stack.extend(b.size)
+            stack.append(tuple(w.pop_mark()))
+        else:
+            stack.append(tuple(b.size))
+        memoize()
+        stack[-1] = (stack[-1],)
+        memoize()
+        args = stack.pop()
+        stack[-1] = w.reduce(stack[-1], args)
+        memoize()
+        get(b, "k_chunks")
+        stack.append(w.new_list())  # EMPTY_LIST MEMOIZE MARK
+        memoize()
+        _mark(w)
+    memo.skip(8 * (k - prev))
+    if k > prev:
+        stack.append(Rows(start + prev, k - prev))
+        w.rows_pushed += k - prev
+
+
+def storage_segments(ctx: Ctx, k: int, ends: list[int]) -> None:
+    """The first `k` storage_data entries of a run (already in the sink) whose rows `ends` end a SETITEMS batch: per
+    batch, its `StoragePairs` marker, then SETITEMS and MARK replayed (no MEMOIZE in between)."""
+    w = ctx.w
+    ctx.dirty = True
+    prev = 0
+    for r in ends:
+        w.stack.append(StoragePairs(r + 1 - prev))
+        w.pairs_pushed += r + 1 - prev
+        items = w.pop_mark()  # SETITEMS
+        w.set_items(w.stack[-1], items)
+        _mark(w)  # MARK
+        prev = r + 1
+    if k > prev:
+        w.stack.append(StoragePairs(k - prev))
+        w.pairs_pushed += k - prev
