@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from s3_server import free_port
+from s3_server import free_port, scoped_env, upload_tree
 
 AZ_CONTAINER = "ckpts"
 # Azurite's well-known development account: public, documented by Microsoft, accepted only by the emulator.
@@ -127,34 +127,27 @@ def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite
              "--blobHost", "127.0.0.1", "--blobPort", str(port),
              "--inMemoryPersistence", "--disableTelemetry", "--silent", "--skipApiVersionCheck", "--loose"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=work)  # nothing lands in the repo
-    saved = {k: os.environ.pop(k, None) for k in AZURE_ENV_KEYS}
-    try:
-        _wait_port(proc, port, log)
-        endpoint = f"http://127.0.0.1:{port}"
-        os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(endpoint)
-        import fsspec
-
-        fs = fsspec.filesystem("az", skip_instance_cache=True, use_listings_cache=False)
-        fs.mkdir(AZ_CONTAINER)
-        yield AzuriteServer(endpoint, AZ_CONTAINER, fs)
-    finally:
-        proc.terminate()
+    with scoped_env(AZURE_ENV_KEYS):
+        for k in AZURE_ENV_KEYS:
+            os.environ.pop(k, None)
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            _wait_port(proc, port, log)
+            endpoint = f"http://127.0.0.1:{port}"
+            os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection_string(endpoint)
+            import fsspec
+
+            fs = fsspec.filesystem("az", skip_instance_cache=True, use_listings_cache=False)
+            fs.mkdir(AZ_CONTAINER)
+            yield AzuriteServer(endpoint, AZ_CONTAINER, fs)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def upload_azure(server: AzuriteServer, root: Path, prefix: str) -> None:
     """Upload the tree `root` under `prefix/` (symlinks followed, as a copy tool would)."""
-    for dirpath, _, names in os.walk(root, followlinks=True):
-        for n in names:
-            p = Path(dirpath, n)
-            if p.is_file():
-                server.fs.pipe_file(f"{server.container}/{prefix}/{p.relative_to(root).as_posix()}", p.read_bytes())
+    upload_tree(server.fs, server.container, root, prefix)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from s3_server import free_port
+from s3_server import free_port, scoped_env, upload_tree
 
 GCS_BUCKET = "ckpts"
 _ENV = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
@@ -42,26 +42,17 @@ def gcs_server() -> Iterator[GcsServer]:
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket=GCS_BUCKET)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", *_ENV)}
-    os.environ.update(STORAGE_EMULATOR_HOST=endpoint, **_ENV)
-    import fsspec
+    with scoped_env(("STORAGE_EMULATOR_HOST", *_ENV)):
+        os.environ.update(STORAGE_EMULATOR_HOST=endpoint, **_ENV)
+        import fsspec
 
-    fs = fsspec.filesystem("gcs", skip_instance_cache=True, use_listings_cache=False)
-    try:
-        yield GcsServer(endpoint, GCS_BUCKET, fs)
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        fs = fsspec.filesystem("gcs", skip_instance_cache=True, use_listings_cache=False)
+        try:
+            yield GcsServer(endpoint, GCS_BUCKET, fs)
+        finally:
+            server.stop()
 
 
 def upload_gcs(server: GcsServer, root: Path, prefix: str) -> None:
     """Upload the tree `root` under `prefix/` (symlinks followed, as a copy tool would)."""
-    for dirpath, _, names in os.walk(root, followlinks=True):
-        for n in names:
-            p = Path(dirpath, n)
-            if p.is_file():
-                server.fs.pipe_file(f"{server.bucket}/{prefix}/{p.relative_to(root).as_posix()}", p.read_bytes())
+    upload_tree(server.fs, server.bucket, root, prefix)

@@ -16,7 +16,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -59,22 +60,42 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     endpoint = f"http://{host}:{port}"
     cfg = tmp_path_factory.mktemp("msc") / "msc_config.yaml"
     cfg.write_text(msc_config(endpoint))
-    saved = {k: os.environ.get(k) for k in _ENV_KEYS}
-    for k in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        os.environ.pop(k, None)
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=endpoint,
-                      AWS_DEFAULT_REGION="us-east-1", MSC_CONFIG=str(cfg))
-    client = boto3.client("s3")
-    client.create_bucket(Bucket=BUCKET)
+    with scoped_env(_ENV_KEYS):
+        for k in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            os.environ.pop(k, None)
+        os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=endpoint,
+                          AWS_DEFAULT_REGION="us-east-1", MSC_CONFIG=str(cfg))
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=BUCKET)
+        try:
+            yield S3Server(endpoint, BUCKET, client)
+        finally:
+            server.stop()
+
+
+@contextmanager
+def scoped_env(keys: Iterable[str]) -> Iterator[None]:
+    """On exit, `keys` of the environment are what they were on entry (set to the same value, or unset), whatever
+    the body set or removed: the storage fixtures point the real clients at their server through the environment."""
+    saved = {k: os.environ.get(k) for k in keys}
     try:
-        yield S3Server(endpoint, BUCKET, client)
+        yield
     finally:
-        server.stop()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def upload_tree(fs: Any, base: str, root: Path, prefix: str) -> None:
+    """Upload the tree `root` through the fsspec filesystem `fs` under `base/prefix/` (symlinks followed, as a copy
+    tool would)."""
+    for dirpath, _, names in os.walk(root, followlinks=True):
+        for n in names:
+            p = Path(dirpath, n)
+            if p.is_file():
+                fs.pipe_file(f"{base}/{prefix}/{p.relative_to(root).as_posix()}", p.read_bytes())
 
 
 def upload(server: S3Server, root: Path, prefix: str) -> None:

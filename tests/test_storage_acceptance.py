@@ -46,6 +46,20 @@ def audit(target: str, flags: tuple[str, ...]) -> tuple[int, dict[str, Any], str
     return r.exit_code, json.loads(r.stdout), r.stderr
 
 
+def case_named(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+def build_case(case: Case, tmp_path: Path) -> tuple[Ctx, Path]:
+    """Build `case` in `tmp_path/case` (its marker file beside it): the context and the path to audit."""
+    for source in case.sources:
+        if (reason := missing_source(source)) is not None:
+            pytest.skip(reason)
+    ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
+    ctx.work.mkdir()
+    return ctx, case.build(ctx)
+
+
 def verdict(doc: dict[str, Any], root: str) -> tuple[str, list[tuple[str, str | None]]]:
     """Status and (code, subject) pairs, with the audited root replaced so local and remote paths compare."""
     def rel(subject: str | None) -> str | None:
@@ -67,12 +81,7 @@ def _msc_too(case: Case) -> bool:
 
 @pytest.mark.parametrize("case", STORAGE_CASES, ids=[c.name for c in STORAGE_CASES])
 def test_same_verdict_from_object_storage(case: Case, tmp_path: Path, s3_server: S3Server) -> None:  # noqa: F811
-    for source in case.sources:
-        if (reason := missing_source(source)) is not None:
-            pytest.skip(reason)
-    ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
-    ctx.work.mkdir()
-    path = case.build(ctx)
+    ctx, path = build_case(case, tmp_path)
     local_code, local_doc, _ = audit(str(path), case.flags)
     prefix = f"acceptance/{case.name}"
     upload(s3_server, ctx.work, prefix)

@@ -19,31 +19,16 @@ from typer.testing import CliRunner
 from azurite_server import (ACCOUNT_KEY, AZURE_ENV_KEYS, AzuriteServer, azurite_server,  # noqa: F401 - the fixture
                              upload_azure)
 from ckptinspect.cli.app import app
-from corpus import CASES, Case, Ctx, missing_source
 from s3_server import free_port
-from test_storage_acceptance import audit, verdict
+from test_storage_acceptance import audit, build_case, case_named, verdict
 
 # the same cases as tests/test_storage_gcs.py: torch_dist is in the damaged ones, the flipped byte in `manifest verify`
 AZ_CASES = ("ok_legacy_checkpoint", "ok_dcp_checkpoint", "truncated_distcp", "deleted_distcp", "hostile_rng_item")
 
 
-def _case(name: str) -> Case:
-    return next(c for c in CASES if c.name == name)
-
-
-def _build(name: str, tmp_path: Path) -> tuple[Ctx, Path]:
-    case = _case(name)
-    for source in case.sources:
-        if (reason := missing_source(source)) is not None:
-            pytest.skip(reason)
-    ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
-    ctx.work.mkdir()
-    return ctx, case.build(ctx)
-
-
 def _same_verdict(name: str, tmp_path: Path, server: AzuriteServer, scheme: str) -> None:
-    case = _case(name)
-    ctx, path = _build(name, tmp_path)
+    case = case_named(name)
+    ctx, path = build_case(case, tmp_path)
     local_code, local_doc, _ = audit(str(path), case.flags)
     upload_azure(server, ctx.work, f"acceptance-{scheme}/{name}")
     url = server.url(f"acceptance-{scheme}/{name}/{path.relative_to(ctx.work).as_posix()}", scheme)
@@ -76,7 +61,7 @@ def _verify(target: str, *options: str) -> tuple[int, str, list[tuple[str, str]]
 
 def test_manifest_verify_from_az(tmp_path: Path, azurite_server: AzuriteServer,  # noqa: F811
                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    ctx, path = _build("manifest_byte_flip", tmp_path)
+    ctx, path = build_case(case_named("manifest_byte_flip"), tmp_path)
     upload_azure(azurite_server, ctx.work, "verify/flip")
     url = azurite_server.url(f"verify/flip/{path.relative_to(ctx.work).as_posix()}")
     local = _verify(str(path))

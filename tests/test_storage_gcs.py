@@ -13,27 +13,17 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
-from corpus import CASES, Case, Ctx, missing_source
 from gcs_server import GcsServer, gcs_server, upload_gcs  # noqa: F401 - the fixture
-from test_storage_acceptance import audit, verdict
+from test_storage_acceptance import audit, build_case, case_named, verdict
 
 # torch_dist is in the damaged cases; the flipped byte is in the `manifest verify` test
 GCS_CASES = ("ok_legacy_checkpoint", "ok_dcp_checkpoint", "truncated_distcp", "deleted_distcp", "hostile_rng_item")
 
 
-def _case(name: str) -> Case:
-    return next(c for c in CASES if c.name == name)
-
-
 @pytest.mark.parametrize("name", GCS_CASES)
 def test_same_verdict_from_gcs(name: str, tmp_path: Path, gcs_server: GcsServer) -> None:  # noqa: F811
-    case = _case(name)
-    for source in case.sources:
-        if (reason := missing_source(source)) is not None:
-            pytest.skip(reason)
-    ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
-    ctx.work.mkdir()
-    path = case.build(ctx)
+    case = case_named(name)
+    ctx, path = build_case(case, tmp_path)
     local_code, local_doc, _ = audit(str(path), case.flags)
     upload_gcs(gcs_server, ctx.work, f"acceptance/{name}")
     url = gcs_server.url(f"acceptance/{name}/{path.relative_to(ctx.work).as_posix()}")
@@ -45,9 +35,7 @@ def test_same_verdict_from_gcs(name: str, tmp_path: Path, gcs_server: GcsServer)
 
 
 def test_manifest_verify_from_gcs(tmp_path: Path, gcs_server: GcsServer) -> None:  # noqa: F811
-    ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
-    ctx.work.mkdir()
-    path = _case("manifest_byte_flip").build(ctx)
+    ctx, path = build_case(case_named("manifest_byte_flip"), tmp_path)
     upload_gcs(gcs_server, ctx.work, "verify/flip")
     url = gcs_server.url(f"verify/flip/{path.relative_to(ctx.work).as_posix()}")
     docs = []
