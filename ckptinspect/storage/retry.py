@@ -65,8 +65,9 @@ def resumable(backend: Backend, stats: TransferStats, key: str, size: int,
     A transient fault, of the request or in the middle of its body (a dropped connection, a read timeout, a 503),
     is retried like `call` retries (same attempts, same backoff, counted the same way): the retry asks for the
     bytes from the first one not yet received on, so nothing is received twice. `attempts()` bounds the requests
-    for the whole object (the first and every resumption), as it bounds them for one `call`. A body that ends before `size` bytes is `ObjectTruncated`; one that goes on past it, or a retry that
-    finds another object (412 on the conditional read), is `ObjectChanged`. Raises like `call`.
+    for the whole object (the first and every resumption), as it bounds them for one `call`. A body that ends
+    before `size` bytes is `ObjectTruncated`; one that goes on past it, or a retry that finds another object (412
+    on the conditional read), is `ObjectChanged`. Raises like `call`.
     """
     tries = attempts()
     pos = 0
