@@ -172,20 +172,13 @@ def _run(rank: int, cfg: dict, M) -> None:
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
     )
     model, optimizer, sched = _build(c, config, gbs)
-    data_gen = torch.Generator().manual_seed(seed * 1000 + rank)
     seq = c["seq_length"]
     attn_mask = torch.tril(torch.ones((1, 1, seq, seq))) < 0.5
     position_ids = torch.arange(seq).unsqueeze(0).expand(mbs, seq)
-
-    def data_iter():
-        while True:
-            toks = torch.randint(0, c["vocab_size"], (mbs, seq + 1), generator=data_gen)
-            yield toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
-
     forward_step = M.gpt_forward_step(position_ids, attn_mask)
 
     fwd_bwd = get_forward_backward_func()
-    it = data_iter()
+    it = M.token_batches(seed * 1000 + rank, c["vocab_size"], mbs, seq)
     rsm = get_rerun_state_machine()
     flops_per_iter = 6.0 * gbs * seq * (12 * c["layers"] * c["hidden"] ** 2)
     for iteration in range(1, max(c["iterations"]) + 1):
@@ -193,10 +186,7 @@ def _run(rank: int, cfg: dict, M) -> None:
         optimizer.zero_grad()
         fwd_bwd(forward_step_func=forward_step, data_iterator=it, model=[model],
                 num_microbatches=c["num_microbatches"], seq_length=seq, micro_batch_size=mbs, forward_only=False)
-        ok, _norm, _zeros = optimizer.step()
-        if not ok:
-            raise RuntimeError(f"optimizer.step() was skipped at iteration {iteration}")
-        sched.step(increment=gbs)
+        M.optimizer_step(optimizer, sched, gbs, iteration)
         if iteration not in c["iterations"]:
             continue
         ckpt_dir = os.path.join(c["out_dir"], f"iter_{iteration:07d}")

@@ -498,21 +498,14 @@ def _run_megatron(rank: int, cfg: dict) -> None:
     )
 
     # Data: random tokens, identical on every TP/PP rank of a DP replica.
-    data_gen = torch.Generator().manual_seed(c["seed"] * 1000 + dp_rank)
     seq = c["seq_length"]
     mbs = c["micro_batch_size"]
     attn_mask = torch.tril(torch.ones((1, 1, seq, seq))) < 0.5
     position_ids = torch.arange(seq).unsqueeze(0).expand(mbs, seq)
-
-    def data_iter():
-        while True:
-            toks = torch.randint(0, c["vocab_size"], (mbs, seq + 1), generator=data_gen)
-            yield toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
-
     forward_step = gpt_forward_step(position_ids, attn_mask)
 
     fwd_bwd = get_forward_backward_func()
-    it = data_iter()
+    it = token_batches(c["seed"] * 1000 + dp_rank, c["vocab_size"], mbs, seq)
     save_root = c["out_dir"]
     rsm = get_rerun_state_machine()
     flops_per_iter = 6.0 * gbs * seq * (12 * c["layers"] * c["hidden"] ** 2)
@@ -531,10 +524,7 @@ def _run_megatron(rank: int, cfg: dict) -> None:
                 micro_batch_size=mbs,
                 forward_only=False,
             )
-        ok, _grad_norm, _zeros = optimizer.step()
-        if not ok:
-            raise RuntimeError(f"optimizer.step() was skipped at iteration {iteration}")
-        sched.step(increment=gbs)
+        optimizer_step(optimizer, sched, gbs, iteration)
         if iteration not in c["iterations"]:
             continue
         half = c["half_written"] if iteration == max(c["iterations"]) else "none"
@@ -675,6 +665,26 @@ def _content_metadata(c: dict) -> dict:
     if c["optim_sharding"] == "fully_reshardable":
         metadata["distrib_optim_fully_reshardable_mem_efficient"] = False
     return metadata
+
+
+def token_batches(seed, vocab_size, mbs, seq, window=slice(None)):
+    """Random (tokens, labels) micro-batches for every sample writer: (mbs, seq + 1) tokens drawn from a generator
+    seeded with `seed` (one per DP replica), shifted by one; `window` cuts each sequence (a CP rank's part)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        toks = torch.randint(0, vocab_size, (mbs, seq + 1), generator=gen)
+        yield toks[:, :-1][:, window].contiguous(), toks[:, 1:][:, window].contiguous()
+
+
+def optimizer_step(optimizer, sched, gbs, iteration):
+    """The end of training.py's train_step: the optimizer step (a skipped one is an error here: every sample must
+    hold trained state) and the scheduler's increment by the global batch."""
+    ok, _grad_norm, _zeros = optimizer.step()
+    if not ok:
+        raise RuntimeError(f"optimizer.step() was skipped at iteration {iteration}")
+    sched.step(increment=gbs)
 
 
 def gpt_forward_step(position_ids, attn_mask):

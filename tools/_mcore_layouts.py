@@ -328,18 +328,12 @@ def _run(rank: int, c: dict) -> None:
     attn_mask = torch.tril(torch.ones((1, 1, local, local))) < 0.5
     position_ids = torch.arange(lo, lo + local).unsqueeze(0).expand(mbs, local)
 
-    def data_iter():
-        gen = torch.Generator().manual_seed(c["seed"] * 1000 + dp_rank)
-        while True:
-            toks = torch.randint(0, c["vocab_size"], (mbs, seq + 1), generator=gen)
-            yield (toks[:, :-1][:, lo:lo + local].contiguous(),
-                   toks[:, 1:][:, lo:lo + local].contiguous())
-
     forward_step = base.gpt_forward_step(position_ids, attn_mask)
 
     fwd_bwd = get_forward_backward_func()
     _train_mode(c, model)
-    iters = [data_iter() for _ in model]
+    iters = [base.token_batches(c["seed"] * 1000 + dp_rank, c["vocab_size"], mbs, seq, slice(lo, lo + local))
+             for _ in model]
     rsm = get_rerun_state_machine()
     flops_per_iter = 6.0 * gbs * seq * (12 * c["layers"] * c["hidden"] ** 2)
     for iteration in range(1, max(c["iterations"]) + 1):
@@ -352,10 +346,7 @@ def _run(rank: int, c: dict) -> None:
                     model=model if len(model) > 1 else model[0],
                     num_microbatches=c["num_microbatches"], seq_length=local,
                     micro_batch_size=mbs, forward_only=False)
-        ok, _grad_norm, _zeros = optimizer.step()
-        if not ok:
-            raise RuntimeError(f"optimizer.step() was skipped at iteration {iteration}")
-        sched.step(increment=gbs)
+        base.optimizer_step(optimizer, sched, gbs, iteration)
         if iteration not in c["iterations"]:
             continue
         ckpt_dir = os.path.join(c["out_dir"], f"iter_{iteration:07d}")
