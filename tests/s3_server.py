@@ -73,6 +73,15 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             server.stop()
 
 
+@pytest.fixture
+def proxy(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """A `FaultProxy` in front of the session's server, reached by every client through ``AWS_ENDPOINT_URL``."""
+    p = FaultProxy(s3_server.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+    yield p
+    p.close()
+
+
 @contextmanager
 def scoped_env(keys: Iterable[str]) -> Iterator[None]:
     """On exit, `keys` of the environment are what they were on entry (set to the same value, or unset), whatever

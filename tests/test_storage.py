@@ -21,7 +21,7 @@ from ckptinspect.storage.objpath import coalesce
 from ckptinspect.storage.session import nest, parse_option
 from ckptinspect.storage.url import Scheme, split_url
 from conftest import SAMPLES
-from s3_server import FaultProxy, S3Server, s3_server, upload  # noqa: F401 - the fixture
+from s3_server import FaultProxy, S3Server, proxy, s3_server, upload  # noqa: F401 - the fixtures
 
 TD2 = SAMPLES / "torch_dist" / "iter_0000002"
 
@@ -218,14 +218,6 @@ def test_manifest_write_to_url_then_verify(s3_server: S3Server, tmp_path: Path) 
 
 
 # --- faults ------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def proxy(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Any:  # noqa: F811
-    p = FaultProxy(s3_server.endpoint)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
-    yield p
-    p.close()
 
 
 def test_throttling_is_retried_and_reported(td2_url: str, proxy: FaultProxy) -> None:

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
-from s3_server import FaultProxy, S3Server, s3_server, upload  # noqa: F401 - the fixture
+from s3_server import FaultProxy, S3Server, proxy, s3_server, upload  # noqa: F401 - the fixtures
 
 MIB = 1 << 20
 SIZES = {"__0_0.distcp": 3 * MIB + 17, "__1_0.distcp": 2 * MIB, "__2_0.distcp": 5000, "common.pt": 0}
@@ -55,14 +55,6 @@ def ckpt(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_manifest(d)
     upload(s3_server, d, PREFIX)
     return d
-
-
-@pytest.fixture
-def proxy(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Any:  # noqa: F811
-    p = FaultProxy(s3_server.endpoint)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
-    yield p
-    p.close()
 
 
 @pytest.mark.parametrize("scheme", ["s3", "msc"])
