@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 
 from ckptinspect.errors import ReadError
+from ckptinspect.pickling.stream_eval import Fallback
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
 from ckptinspect.pickling import stream_batch as B
 from ckptinspect.pickling import stream_fast
-from ckptinspect.pickling.stream_patterns import CHUNK, CHUNK_REC
+from ckptinspect.pickling.stream_patterns import _TUP, CHUNK, CHUNK_REC
 from conftest import SAMPLES
 
 SAMPLE_METADATA = sorted(SAMPLES.glob("**/.metadata"))
@@ -72,6 +73,35 @@ def test_tuples_arity_and_values(n: int) -> None:
     values, arity = B.tuples(col)
     assert values.tolist() == want_vals
     assert arity.tolist() == want_ar
+
+
+def test_one_tuple_decodes_as_a_column_of_one() -> None:
+    """`tuple_ints` (a tensor boundary's torch.Size) agrees with `tuples` on every tuple the pattern admits, and
+    refuses every other: a wrong arity, MARK TUPLE without ints, a bad opcode, an argument running past the end."""
+    rng = random.Random(7)
+    cases = [b"", b"(t", b"K\x01\x86", b"K\x01K\x02\x85", b"M\x01t", b"(M\x01t", b"(Mt", b"\x8a\x09" + bytes(9) + b"\x85",
+             b"\x8a\x00\x85", b"X\x01\x85", b"(K\x01"]
+    for _ in range(300):
+        k = rng.choice([1, 2, 3, 4, 6])
+        vals = [rng.choice([0, 255, 256, 65535, 65536, -1, 2**31, -2**63, 2**63 - 1, rng.randint(0, 2**40)])
+                for _ in range(k)]
+        toks = b"".join(_token(v, rng) for v in vals)
+        raw = toks + {1: b"\x85", 2: b"\x86", 3: b"\x87"}[k] if k <= 3 and rng.random() < 0.7 else b"(" + toks + b"t"
+        cases.append(raw)
+        cases.append(raw[:-1] + rng.choice([b"\x85", b"\x86", b"\x87", b"t"]))  # the terminator swapped
+    tup = re.compile(_TUP, re.DOTALL)
+    refused = 0
+    for raw in cases:
+        try:
+            got: list[int] | None = B.tuple_ints(raw)
+        except Fallback:
+            got = None
+        if tup.fullmatch(raw):  # what the pattern hands it: as the column decoder reads it
+            assert got == B.tuples([raw])[0].tolist(), raw
+        else:
+            assert got is None, raw
+            refused += 1
+    assert 10 < refused < len(cases) - 100
 
 
 def test_get_slots() -> None:

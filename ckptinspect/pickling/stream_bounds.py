@@ -15,6 +15,7 @@ my pattern" but ends the walk (`Ctx.dirty`), exactly as the loop's own would.
 from __future__ import annotations
 
 import re
+from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from ckptinspect.pickling.stream_eval import MAX_STACK, OPAQUE, Fallback, Rows, StoragePairs
@@ -51,9 +52,8 @@ def read_bounds(ctx: Ctx, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str,
     if not any(col):
         return out
     good = ctx.bound_good
-    for r, raw in enumerate(col):
-        if not raw:
-            continue
+    for r in compress(range(len(col)), col):  # the rows whose group is not empty, without a step per row
+        raw = col[r]
         m = rec.fullmatch(raw)
         b: Bound | None = Bound() if m is not None else None
         if m is not None and b is not None and not pat.group(m, "cont"):
@@ -84,15 +84,15 @@ def _fields(pat: _Pattern, m: re.Match[bytes], b: Bound) -> Bound | None:
         size = pat.group(m, "tsize")
         assert size is not None
         try:
-            values, arity = B.tuples([size])
+            values = B.tuple_ints(size)
         except Fallback:
             return None
-        if int(arity[0]) > 127:
+        if len(values) > 127:
             return None
         b.tensor = True
         b.key = key.decode("utf-8", "surrogatepass")
         b.grad, b.pin = pat.group(m, "grad") == b"\x88", pat.group(m, "pin") == b"\x88"
-        b.size, b.size_marked = values.tolist(), size[:1] == b"("
+        b.size, b.size_marked = values, size[:1] == b"("
     else:
         b.plan = True
         b.pd_new = int(pat.group(m, "pd") == b"}\x94")

@@ -218,6 +218,16 @@ def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
     return out, ok
 
 
+def _decoded(col: tuple[bytes, ...], strings: dict[str, str]) -> list[str]:
+    """Each spelled name decoded and interned: once per distinct name of the run (a run repeats a few hundred)."""
+    distinct: dict[bytes, str] = dict.fromkeys(col)  # type: ignore[arg-type]
+    intern = strings.setdefault
+    for raw in distinct:
+        text = raw.decode()
+        distinct[raw] = intern(text, text)
+    return list(map(distinct.__getitem__, col))
+
+
 def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     """A run of `storage_data` entries MetadataIndex -> _StorageInfo: straight into the storage columns."""
     import numpy as np
@@ -244,11 +254,8 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     count = 4 + fqn_inline + 3 * has_off + path_inline
     base = B.exclusive_cumsum(count, n0)
     ok &= ctx.gets_ok(cols, at, STORAGE, _STORAGE_WANT, base, n0) & (nd <= 127)
-    intern = sink.strings.setdefault
-    fqn_strs = list(map(bytes.decode, fqn_s))
-    fqn_strs = list(map(intern, fqn_strs, fqn_strs))
-    path_strs = list(map(bytes.decode, col("path_s")))
-    path_strs = list(map(intern, path_strs, path_strs))
+    fqn_strs = _decoded(fqn_s, sink.strings)
+    path_strs = _decoded(col("path_s"), sink.strings)
     fqn_slot = base + 2
     path_slot = base + 4 + fqn_inline + 3 * has_off
     # the names the run spells, at their memo slots, in slot order (a record's name comes before its path)
@@ -287,7 +294,7 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     sink.s_file.frombytes(np.fromiter(map(ids.__getitem__, paths[:k]), dtype=np.int32, count=k).tobytes())
     sink.s_pos.frombytes(pos_v.tobytes())
     sink.s_len.frombytes(len_v.tobytes())
-    ends = np.flatnonzero(B.lengths(col("batch")[:k]) > 0).tolist()
+    ends = np.flatnonzero(B.present(col("batch")[:k])).tolist()
     if ends:
         storage_segments(ctx, k, ends)
         return _end(cols, pos, k)
@@ -310,7 +317,7 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     ix = PLAN.index
 
     def present(name: str) -> Any:
-        return B.lengths(cols[at[ix[name]]]) > 0
+        return B.present(cols[at[ix[name]]])
 
     n0 = w.memo.n
     fqn_inline, ok = B.inline_names(cols[at[ix["fqn_s_len"]]], cols[at[ix["fqn_s"]]])
