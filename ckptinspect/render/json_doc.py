@@ -34,11 +34,83 @@ def dumps(doc: Mapping[str, Any]) -> str:
     """Strict JSON, ASCII only: valid UTF-8 whatever `PYTHONIOENCODING` says, lone surrogates and control
     characters from checkpoint content escaped (`\\udcff`, `\\u001b`)."""
     try:
+        return _indented(doc)
+    except (_Unsupported, ValueError, RecursionError):
+        pass  # something only `json.dumps` spells (through `_default`), or refuses: its own text or error
+    try:
         return json.dumps(doc, indent=2, default=_default, ensure_ascii=True, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         # Checkpoint content (args, common state) can hold what strict JSON cannot: tuple keys, NaN, infinity,
         # integers beyond CPython's 4300-digit str() limit, nesting deeper than the recursion limit.
         return json.dumps(_str_keys(doc, 0), indent=2, default=_default, ensure_ascii=True, allow_nan=False)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+_ascii = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_INF = (float("inf"), float("-inf"))
+
+
+def _indented(doc: Any) -> str:
+    """`json.dumps(doc, indent=2, ensure_ascii=True, allow_nan=False)`, the same text, for documents of plain
+    dicts (str keys), lists, tuples, str, int, float, bool and None; `_Unsupported` for anything else. CPython's
+    C encoder does not indent, its Python one costs ~0.2 s on an audit of 13,440 ranks (two 13,440-entry maps):
+    this is 3-4 times faster."""
+    out: list[str] = []
+    _value(doc, "\n", out)
+    return "".join(out)
+
+
+def _value(o: Any, nl: str, out: list[str]) -> None:
+    t = type(o)
+    if t is str:
+        out.append(_ascii(o))
+    elif t is int:
+        out.append(int.__repr__(o))  # ValueError beyond str()'s digit limit, as json.dumps
+    elif o is None:
+        out.append("null")
+    elif o is True:
+        out.append("true")
+    elif o is False:
+        out.append("false")
+    elif t is dict:
+        if not o:
+            out.append("{}")
+            return
+        inner = nl + "  "
+        sep = "{" + inner
+        for k, v in o.items():
+            if type(k) is not str:
+                raise _Unsupported
+            tv = type(v)
+            if tv is int:  # leaves inline: most values of a large document are ints and names
+                out.append(f"{sep}{_ascii(k)}: {int.__repr__(v)}")
+            elif tv is str:
+                out.append(f"{sep}{_ascii(k)}: {_ascii(v)}")
+            else:
+                out.append(f"{sep}{_ascii(k)}: ")
+                _value(v, inner, out)
+            sep = "," + inner
+        out.append(nl + "}")
+    elif t is list or t is tuple:
+        if not o:
+            out.append("[]")
+            return
+        inner = nl + "  "
+        sep = "[" + inner
+        for v in o:
+            out.append(sep)
+            _value(v, inner, out)
+            sep = "," + inner
+        out.append(nl + "]")
+    elif t is float:
+        if o != o or o in _INF:
+            raise _Unsupported
+        out.append(float.__repr__(o))
+    else:
+        raise _Unsupported
 
 
 _MAX_INT_BITS = 13_000  # ~3,900 decimal digits: below CPython's int-to-str limit (4,300 digits)
