@@ -30,6 +30,7 @@ class _Pattern:
         self._named: list[tuple[int, str]] = []
         self.part_of: dict[int, int] = {}  # group -> its entry in `parts`
         self.vary: frozenset[int] = frozenset()  # GETs whose slot changes from record to record
+        self._flags: dict[int, bytes] = {}  # entry in `parts` -> the pattern of a `flag` group
 
     def raw(self, b: bytes) -> _Pattern:
         self.parts.append(b)
@@ -51,9 +52,22 @@ class _Pattern:
         self.n += 1
         return self
 
-    def size(self, name: str) -> _Pattern:
-        """torch.Size(tuple): REDUCE(GET Size, (tuple,)), 3 MEMOIZEs."""
-        return self.get(name + "_fn").cap(name, _TUP).raw(rb"\x94\x85\x94R\x94")
+    def flag(self, name: str, pattern: bytes) -> _Pattern:
+        """`pattern`, of which only whether it is there matters: the group captures its first byte (a lookahead),
+        not the whole of it. A one-byte capture is one of CPython's cached one-byte objects: nothing is allocated
+        per record, and the column's presence pass reads objects that stay in cache."""
+        self.part_of[self.n] = len(self.parts)
+        self._flags[len(self.parts)] = pattern
+        self.parts.append(b"(?=(.))(?:" + pattern + b")")
+        self.index[name] = self.n
+        self.n += 1
+        return self
+
+    def size(self, name: str, flag: bool = False) -> _Pattern:
+        """torch.Size(tuple): REDUCE(GET Size, (tuple,)), 3 MEMOIZEs. `flag`: only whether it is there is read."""
+        self.get(name + "_fn")
+        (self.flag if flag else self.cap)(name, _TUP)
+        return self.raw(rb"\x94\x85\x94R\x94")
 
     def string(self, name: str) -> _Pattern:
         """SHORT_BINUNICODE of an ASCII name, MEMOIZE. Greedy: MEMOIZE (0x94) is not ASCII, so the name ends at the
@@ -75,7 +89,7 @@ class _Pattern:
         parts = list(self.parts)
         for i in self.part_of.values():
             assert parts[i].startswith(b"(")
-            parts[i] = b"(?:" + parts[i][1:]
+            parts[i] = b"(?:" + self._flags[i] + b")" if i in self._flags else b"(?:" + parts[i][1:]
         return b"".join(parts)
 
     def group(self, m: re.Match[bytes], name: str) -> bytes | None:
@@ -130,10 +144,13 @@ CHUNK_RUN = CHUNK.compile_run()
 def _index(p: _Pattern, tag: str, strings: bool) -> _Pattern:
     """MetadataIndex(fqn, offset, index): its state dict in either field order torch writes (`fqn, index[, offset]`
     as `MetadataIndex.__init__` sets them, tried first, or `fqn, offset, index`), offset None or a torch.Size, index
-    None or an int. The name is matched once for both orders (no backtracking over it)."""
+    None or an int. The name is matched once for both orders (no backtracking over it). `strings` False (the
+    plans): the offset's value is not read, only whether there is one."""
+    flag = not strings
     p.get("k_fqn").raw(b"(?:").get("fqn").raw(b"|").string("fqn_s").raw(b")(?:")
-    p.get("k_index_b").raw(b"(?:N|" + _INT + b")").raw(b"(?:").get("k_offset_b").raw(b"(?:N|").size("offset_b")
-    p.raw(b"))?|").get("k_offset_a").raw(b"(?:N|").size("offset_a").raw(b")").get("k_index_a")
+    p.get("k_index_b").raw(b"(?:N|" + _INT + b")").raw(b"(?:").get("k_offset_b").raw(b"(?:N|")
+    p.size("offset_b", flag)
+    p.raw(b"))?|").get("k_offset_a").raw(b"(?:N|").size("offset_a", flag).raw(b")").get("k_index_a")
     p.raw(b"(?:N|" + _INT + b"))")
     return p
 
@@ -143,17 +160,17 @@ _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 (STORAGE.get("si").raw(_NEW).get("k_path").raw(b"(?:").get("path").raw(b"|").string("path_s").raw(b")")
  .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub")
  # the end of a batch of 1,000 storage_data entries and the start of the next (SETITEMS MARK): `stream_bounds.py`
- .cap("batch", rb"(?:u(?:\x95.{8})*\()?").varying("fqn", "path"))
+ .raw(b"(?:").flag("batch", rb"u(?:\x95.{8})*\(").raw(b")?").varying("fqn", "path"))
 STORAGE_REC = STORAGE.compile()
 STORAGE_RUN = STORAGE.compile_run()
 
 PLAN = _Pattern()
 _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).raw(b"ub")
 (PLAN.get("k_type").raw(b"(?:").get("type_ref").raw(b"|").get("type_fn").raw(_INT)
- .cap("type_reduce", rb"\x85\x94R\x94").raw(b")").get("k_bytes").raw(b"(?:N|").get().raw(b")")
- .get("k_tensor").raw(b"(?:N|").get("twd").cap("twd_new", _NEW).get("k_chunk").get("chunk").get("k_props")
- .raw(b"(?:").get("props_ref").raw(b"|").get("props").cap("props_new", rb"\)\x81\x94\(").get().get()
- .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|").size("size")
+ .flag("type_reduce", rb"\x85\x94R\x94").raw(b")").get("k_bytes").raw(b"(?:N|").get().raw(b")")
+ .get("k_tensor").raw(b"(?:N|").get("twd").flag("twd_new", _NEW).get("k_chunk").get("chunk").get("k_props")
+ .raw(b"(?:").get("props_ref").raw(b"|").get("props").flag("props_new", rb"\)\x81\x94\(").get().get()
+ .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|").size("size", True)
  .raw(b")ub)ub"))
 # What may follow a WriteItem inside a run (`stream_bounds.py`): the next batch of the same items list (APPENDS MARK),
 # or the end of this SavePlan (APPENDS, its other fields, SETITEMS BUILD) and the start of the next one up to its
