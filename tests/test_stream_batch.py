@@ -155,11 +155,12 @@ def test_batch_paths_on_real_metadata_build_the_loops_table(path: Path, monkeypa
     assert s.to_dcp_metadata() == read_dcp_metadata(data)
 
 
-def _torch_metadata(seed: int, oversize: bool = False) -> Any:
+def _torch_metadata(seed: int, oversize: bool = False, unicode: bool = False) -> Any:
     """A `Metadata` of torch's classes with what the samples lack: 4-d tensors (MARK ... TUPLE), offsets beyond
     2**31 (LONG1), name strings shared between metadata, storage and plans (GETs instead of names), byte items
     (offset None), several files, and Megatron's `all_local_plans`. `oversize`: one tensor of more than 2**62
-    elements (each coordinate in range), which the reference refuses."""
+    elements (each coordinate in range), which the reference refuses. `unicode`: names beyond ASCII, one whose
+    UTF-8 holds a 0x94 byte (MEMOIZE's), one with a lone surrogate (pickled with 'surrogatepass')."""
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
@@ -173,6 +174,8 @@ def _torch_metadata(seed: int, oversize: bool = False) -> Any:
     pos = [0] * 4
     for t in range(40):
         fqn = f"layers.{t}.weight" if t % 5 else f"optimizer.state.{t}.exp_avg"
+        if unicode and t % 4:
+            fqn = {1: f"层.{t}.wéight", 2: f"layers.{t}\u2014weight", 3: f"layers.{t}.\udcff"}[t % 4]
         nd = rng.choice([1, 2, 4])
         big = 2**33 if t % 7 == 0 and nd < 4 else 1
         shape = [rng.choice([3, 300, 5000]) * (big if d == 0 else 1) for d in range(nd)]
@@ -187,7 +190,9 @@ def _torch_metadata(seed: int, oversize: bool = False) -> Any:
             chunks.append(chunk)
             rank = rng.randrange(4)
             length = rng.randint(1, 2**20)
-            storage[MetadataIndex(fqn, offs)] = _StorageInfo(f"__{rank}_0.distcp", pos[rank], length)
+            # unicode: a name object of its own, spelled again as Megatron's storage entries spell theirs
+            key_fqn = (fqn + ".")[:-1] if unicode else fqn
+            storage[MetadataIndex(key_fqn, offs)] = _StorageInfo(f"__{rank}_0.distcp", pos[rank], length)
             pos[rank] += length
             plans[rank].append(WriteItem(MetadataIndex(fqn, offs), WriteItemType.SHARD,
                                          tensor_data=TensorWriteData(chunk, props, torch.Size(shape))))
@@ -212,6 +217,20 @@ def test_batch_paths_on_torch_objects_with_other_shapes(proto: int, seed: int,
     assert_batch_equals_loop(data)
     if proto >= 4:  # protocols 2-3 write BINPUT, not MEMOIZE: no record pattern matches, the loop reads it all
         assert runs["chunks"] and runs["storage"] and runs["plans"], runs
+
+
+def test_names_beyond_ascii_are_read_as_the_loop_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name with a 0x94 byte inside a character (U+2014 is e2 80 94) ends the greedy name early: its declared
+    length does not match, so that record is the loop's; other non-ASCII names go through the batch paths."""
+    assert "\u2014".encode() == b"\xe2\x80\x94"
+    data = pickle.dumps(_torch_metadata(3, unicode=True), protocol=4)
+    runs = _counting(monkeypatch)
+    assert_batch_equals_loop(data)
+    assert runs["chunks"] and runs["storage"] and runs["plans"], runs
+    streamed = read_dcp_metadata_columns(io.BytesIO(data), fast_from=0)
+    assert streamed.fallback is None  # the batch paths decode as the loop does: no error sends it to the reference
+    keys = {t.key for t in streamed.to_dcp_metadata().tensors}
+    assert {"层.1.wéight", "layers.2\u2014weight", "layers.3.\udcff"} <= keys
 
 
 def test_a_shape_of_more_than_2_62_elements_is_refused_as_by_the_reference() -> None:

@@ -263,8 +263,13 @@ def inline_names(len_col: Sequence[bytes], s_col: Sequence[bytes]) -> tuple[Any,
     return inline, ok
 
 
-def joined(a: Sequence[bytes], b: Sequence[bytes]) -> list[bytes]:
-    """Two columns of which each record uses at most one (the two field orders of a record): merged."""
+def joined(a: Sequence[bytes], b: Sequence[bytes]) -> Sequence[bytes]:
+    """Two columns of which each record uses at most one (the two field orders of a record): merged. A writer uses
+    one order throughout, so one column is usually empty in every record: then the other is the merge."""
+    if not any(a):
+        return b
+    if not any(b):
+        return a
     return list(map(bytes.__add__, a, b))
 
 

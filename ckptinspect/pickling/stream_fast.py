@@ -223,7 +223,7 @@ def _decoded(col: tuple[bytes, ...], strings: dict[str, str]) -> list[str]:
     distinct: dict[bytes, str] = dict.fromkeys(col)  # type: ignore[arg-type]
     intern = strings.setdefault
     for raw in distinct:
-        text = raw.decode()
+        text = raw.decode("utf-8", "surrogatepass")  # as the loop decodes SHORT_BINUNICODE
         distinct[raw] = intern(text, text)
     return list(map(distinct.__getitem__, col))
 
