@@ -104,6 +104,18 @@ def test_one_tuple_decodes_as_a_column_of_one() -> None:
     assert 10 < refused < len(cases) - 100
 
 
+def test_flags_is_present_of_one_byte_groups() -> None:
+    """`flags` (a C join) gives `present` on every column of one-byte-or-empty values, and on anything else (a 0
+    byte, longer values) too, through `present` itself."""
+    rng = random.Random(5)
+    for n in (0, 1, 2, 7, B.SMALL + 3):
+        for _ in range(50):
+            col = tuple(rng.choice([b"", b"K", b"(", b")", b"\x85", b"u"]) for _ in range(n))
+            assert B.flags(col).tolist() == B.present(col).tolist()
+    for col in [(b"\x00", b""), (b"ab", b""), (b"", b"\x00\x00"), (b"K", b"\x00")]:
+        assert B.flags(col).tolist() == [bool(c) for c in col]
+
+
 def test_get_slots() -> None:
     col = [b"h\x05", b"", b"j\x01\x02\x03\x04", b"h\xff", b"j\xff\xff\xff\x7f"]
     assert B.get_slots(col).tolist() == [5, -1, 0x04030201, 255, 2**31 - 1]

@@ -40,6 +40,20 @@ def present(col: Sequence[bytes]) -> Any:
     return np.frombuffer(bytes(list(map(bool, col))), dtype=np.bool_)
 
 
+def flags(col: Sequence[bytes]) -> Any:
+    """`present` of a `flag` group's column (`stream_patterns._Pattern.flag`: one byte, never 0, or nothing), in
+    one C join: each record's value followed by a 0 byte, so a record is present where its 0 is not at its start."""
+    n = len(col)
+    a = np.frombuffer(b"\x00".join(col) + b"\x00", dtype=np.uint8)
+    sep = np.flatnonzero(a == 0)
+    if len(sep) != n or len(a) - n > n:  # not one-byte, non-zero values: the general way
+        return present(col)
+    out = np.ones(n, dtype=np.bool_)
+    out[0] = sep[0] != 0
+    out[1:] = sep[1:] != sep[:-1] + 1
+    return out
+
+
 def _table(pairs: dict[int, int], default: int = 0) -> Any:
     t = np.full(256, default, dtype=I64)
     for k, v in pairs.items():

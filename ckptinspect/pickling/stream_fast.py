@@ -294,7 +294,7 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     sink.s_file.frombytes(np.fromiter(map(ids.__getitem__, paths[:k]), dtype=np.int32, count=k).tobytes())
     sink.s_pos.frombytes(pos_v.tobytes())
     sink.s_len.frombytes(len_v.tobytes())
-    ends = np.flatnonzero(B.present(col("batch")[:k])).tolist()
+    ends = np.flatnonzero(B.flags(col("batch")[:k])).tolist()
     if ends:
         storage_segments(ctx, k, ends)
         return _end(cols, pos, k)
@@ -317,7 +317,7 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     ix = PLAN.index
 
     def present(name: str) -> Any:
-        return B.present(cols[at[ix[name]]])
+        return B.flags(cols[at[ix[name]]])
 
     n0 = w.memo.n
     fqn_inline, ok = B.inline_names(cols[at[ix["fqn_s_len"]]], cols[at[ix["fqn_s"]]])
