@@ -104,10 +104,14 @@ class FileScan(ContainerScan):
                 self.problem(where, f"unreadable: {e.strerror or e}", "CK206")
 
     def data_file(self, p: Path, rel: str, label: str, prefix: str, name: str,
-                  items: list[tuple[str, StoredItem]], gaps: bool = True) -> None:
-        """A `.distcp`: every stored item `.metadata` places in it, then (`gaps`) the bytes no item covers."""
+                  items: list[tuple[str, StoredItem]], gaps: bool = True,
+                  window: list[tuple[int, int]] | None = None) -> None:
+        """A `.distcp`: every stored item `.metadata` places in it, then (`gaps`) the bytes no item covers.
+        `window`: the items' (offset, length) ranges, when the caller has them already."""
         file_rel = _join_rel(rel, name)
-        f = self.open_regular(p, None if gaps else [(it.offset, it.length) for _, it in items])
+        if not gaps and window is None:
+            window = [(it.offset, it.length) for _, it in items]
+        f = self.open_regular(p, None if gaps else window)
         if f is not None:
             ident = file_identity(f)
             if not items and ident in self.located:
@@ -160,7 +164,7 @@ def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, Sto
     jobs = [(ckpt_dir / n, [(it.offset, it.length) for _, it in by_file[n]]) for n in names]
     for i in prefetch.ahead(jobs):
         # Also outside the checkpoint dir: DCP reads them from there (the storage check reports CK207).
-        s.data_file(ckpt_dir / names[i], "", label, "", names[i], by_file[names[i]], gaps=False)
+        s.data_file(jobs[i][0], "", label, "", names[i], by_file[names[i]], gaps=False, window=jobs[i][1])
     findings = [f for f in s.findings if report_unreadable or f.code in _SAFETY_CODES]
     return ScanReport(label, status_of(findings), tuple(findings), tuple(s.pickles))
 
