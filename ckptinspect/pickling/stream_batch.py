@@ -256,12 +256,6 @@ def get_slots_many(cols: Sequence[Sequence[bytes]]) -> Any:
     return get_slots(flat).reshape(len(cols), n)
 
 
-def slots(col: Sequence[bytes]) -> tuple[Any, dict[bytes, int]]:
-    """(each record's memo index, -1 where absent; the distinct GETs of the column with their index)."""
-    distinct = {raw: slot(raw) for raw in set(col)}
-    return np.fromiter(map(distinct.__getitem__, col), dtype=I64, count=len(col)), distinct
-
-
 def rows_with(col: Sequence[bytes], bad: set[bytes]) -> Any:
     """Mask of the records whose value is one of `bad`."""
     return np.fromiter((c in bad for c in col), dtype=bool, count=len(col))

@@ -197,7 +197,7 @@ def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
     from ckptinspect.pickling import stream_batch as B
 
     ok = np.ones(len(get), dtype=bool)
-    slots, distinct = B.slots(get)
+    distinct = {raw: B.slot(raw) for raw in set(get)}
     value: dict[bytes, str] = {}
     bad = set()
     for raw, idx in distinct.items():
@@ -210,12 +210,14 @@ def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
             bad.add(raw)
     if bad:
         ok &= ~B.rows_with(get, bad)
-    late = slots >= n0
-    if late.any():
+    if any(idx >= n0 for idx in distinct.values()):  # a GET of a name spelled in the run: by an earlier record?
+        slots = np.fromiter(map(distinct.__getitem__, get), dtype=np.int64, count=len(get))
+        late = slots >= n0
         ok &= ~late | (slots < base)
     # a record spells its name or GETs it (the other column holds b"" / ""): `value` has no b"" key
-    out = list(map(value.get, get, strs))
-    return out, ok
+    if not value:  # every record spells its name (or its GET is refused: cut at it)
+        return list(strs), ok
+    return list(map(value.get, get, strs)), ok
 
 
 def _decoded(col: tuple[bytes, ...], strings: dict[str, str]) -> list[str]:
