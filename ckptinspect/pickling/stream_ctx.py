@@ -75,12 +75,12 @@ class Ctx:
         return True
 
     def gets_ok(self, cols: list[Any], at: dict[int, int], pat: _Pattern, want: dict[str, Any], base: Any,
-                n0: int) -> Any:
+                n0: int, own: frozenset[str] = frozenset()) -> Any:
         """Per record: every GET names a slot filled before the record (`base`: its first memo slot); the named
         ones a slot filled before the run (`n0`) that holds what the loop needs there: a `Global` of that name
         (str want starting with 'torch.'), that very string, or that builder. The GETs already seen to pass are
         kept per column (`good`: a record repeats the same few), so a run costs a set difference per
-        column, not a step per record."""
+        column, not a step per record. `own`: GETs of any value whose slots the caller checks itself."""
         import numpy as np
 
         from ckptinspect.pickling import stream_batch as B
@@ -93,7 +93,7 @@ class Ctx:
             col = cols[at[i]]
             expect = want.get(name, _MISS)
             if expect is _MISS:
-                if any(col):  # absent in every record (b""): nothing to check
+                if name not in own and any(col):  # absent in every record (b""): nothing to check
                     free.append(col)
                 continue
             new = set(col)

@@ -220,6 +220,9 @@ def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
     return list(map(value.get, get, strs)), ok
 
 
+_NAME_GETS = frozenset({"fqn", "path"})
+
+
 def _decoded(col: tuple[bytes, ...], strings: dict[str, str]) -> list[str]:
     """Each spelled name decoded and interned: once per distinct name of the run (a run repeats a few hundred)."""
     distinct: dict[bytes, str] = dict.fromkeys(col)  # type: ignore[arg-type]
@@ -255,7 +258,8 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     has_off = nd >= 0
     count = 4 + fqn_inline + 3 * has_off + path_inline
     base = B.exclusive_cumsum(count, n0)
-    ok &= ctx.gets_ok(cols, at, STORAGE, _STORAGE_WANT, base, n0) & (nd <= 127)
+    # the names' GETs: their slots are checked with their values (`_names`)
+    ok &= ctx.gets_ok(cols, at, STORAGE, _STORAGE_WANT, base, n0, _NAME_GETS) & (nd <= 127)
     fqn_strs = _decoded(fqn_s, sink.strings)
     path_strs = _decoded(col("path_s"), sink.strings)
     fqn_slot = base + 2
