@@ -196,6 +196,16 @@ def print_report(targets: list[Target], ckpt: Path, info: dict[str, Any]) -> Non
         print(f"{label:<40} {s['ok']:>3}/{s['runs']:<3} {fmt(s['wall_s_median']):>9} "
               f"{fmt(s['maxrss_mb_median'], '.1f'):>12} {fmt(s['cpu_s_median']):>8} {rw:>11} {rr:>10} {rc:>10}  "
               f"{','.join(s['exit_codes'])}")
+    # This VM's speed drifts by tens of percent within minutes: each round's command ran next to its torch run, so
+    # the round-by-round ratios (and their median) are the paired view of the same runs; three decimals, since the
+    # table's two hide whether 0.25 is met.
+    for t in targets[1:]:
+        pairs = [r["wall_s"] / q["wall_s"] for r, q in zip(t.runs, ref.runs) if r["ok"] and q["ok"] and q["wall_s"]]
+        mine, theirs = t.summary()["wall_s_median"], ref.summary()["wall_s_median"]
+        if pairs and mine is not None and theirs:
+            label = t.label if len(t.label) <= 40 else t.label[:37] + "..."
+            print(f"\n{label}: wall/torch by round {' '.join(f'{p:.3f}' for p in pairs)}; median of the rounds "
+                  f"{statistics.median(pairs):.3f}x, ratio of the medians {mine / theirs:.3f}x")
     if info.get("torch_read_metadata_s") is not None:
         print(f"\ntorch in-process breakdown (median): import {info['torch_import_s']:.2f}s, "
               f"read_metadata {info['torch_read_metadata_s']:.2f}s")
