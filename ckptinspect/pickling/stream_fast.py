@@ -225,7 +225,7 @@ _NAME_GETS = frozenset({"fqn", "path"})
 
 def _decoded(col: tuple[bytes, ...], strings: dict[str, str]) -> list[str]:
     """Each spelled name decoded and interned: once per distinct name of the run (a run repeats a few hundred)."""
-    distinct: dict[bytes, str] = dict.fromkeys(col)  # type: ignore[arg-type]
+    distinct: dict[bytes, Any] = dict.fromkeys(col)
     intern = strings.setdefault
     for raw in distinct:
         text = raw.decode("utf-8", "surrogatepass")  # as the loop decodes SHORT_BINUNICODE

@@ -49,7 +49,7 @@ class _Unsupported(Exception):
     pass
 
 
-_ascii = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_ascii = json.encoder.encode_basestring_ascii
 _INF = (float("inf"), float("-inf"))
 
 
