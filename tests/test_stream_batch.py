@@ -79,8 +79,8 @@ def test_one_tuple_decodes_as_a_column_of_one() -> None:
     """`tuple_ints` (a tensor boundary's torch.Size) agrees with `tuples` on every tuple the pattern admits, and
     refuses every other: a wrong arity, MARK TUPLE without ints, a bad opcode, an argument running past the end."""
     rng = random.Random(7)
-    cases = [b"", b"(t", b"K\x01\x86", b"K\x01K\x02\x85", b"M\x01t", b"(M\x01t", b"(Mt", b"\x8a\x09" + bytes(9) + b"\x85",
-             b"\x8a\x00\x85", b"X\x01\x85", b"(K\x01"]
+    cases = [b"", b"(t", b"K\x01\x86", b"K\x01K\x02\x85", b"M\x01t", b"(M\x01t", b"(Mt",
+             b"\x8a\x09" + bytes(9) + b"\x85", b"\x8a\x00\x85", b"X\x01\x85", b"(K\x01"]
     for _ in range(300):
         k = rng.choice([1, 2, 3, 4, 6])
         vals = [rng.choice([0, 255, 256, 65535, 65536, -1, 2**31, -2**63, 2**63 - 1, rng.randint(0, 2**40)])

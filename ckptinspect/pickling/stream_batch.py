@@ -46,7 +46,7 @@ def flags(col: Sequence[bytes]) -> Any:
     n = len(col)
     a = np.frombuffer(b"\x00".join(col) + b"\x00", dtype=np.uint8)
     sep = np.flatnonzero(a == 0)
-    if len(sep) != n or len(a) - n > n:  # not one-byte, non-zero values: the general way
+    if len(sep) != n:  # a value holds a 0 byte: the 0s are not one per record, the general way
         return present(col)
     out = np.ones(n, dtype=np.bool_)
     out[0] = sep[0] != 0

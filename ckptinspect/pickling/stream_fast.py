@@ -322,16 +322,16 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     w = ctx.w
     ix = PLAN.index
 
-    def present(name: str) -> Any:
+    def flagged(name: str) -> Any:
         return B.flags(cols[at[ix[name]]])
 
     n0 = w.memo.n
     fqn_inline, ok = B.inline_names(cols[at[ix["fqn_s_len"]]], cols[at[ix["fqn_s"]]])
     # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
     # [TWD object, dict, [props object, state], [size: 3]]
-    twd = present("twd_new")
-    rec = (4 + fqn_inline + 3 * (present("offset_a") | present("offset_b")) + 2 * present("type_reduce")
-           + twd * (2 + 2 * present("props_new") + 3 * present("size")))
+    twd = flagged("twd_new")
+    rec = (4 + fqn_inline + 3 * (flagged("offset_a") | flagged("offset_b")) + 2 * flagged("type_reduce")
+           + twd * (2 + 2 * flagged("props_new") + 3 * flagged("size")))
     # a SavePlan boundary after the record (few rows): [planner_data {}], the next SavePlan, its dict, its items list
     bounds = read_bounds(ctx, PLAN_BOUND, PLAN_BOUND_REC, PLAN_BOUND_WANT, cols[at[ix["bound"]]], n0)
     extra = np.zeros(len(rec), dtype=np.int64)

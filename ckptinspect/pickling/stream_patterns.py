@@ -15,8 +15,8 @@ _INT = (rb"(?:K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x0
         rb"|\x8a\x07.......|\x8a\x08........)")
 # a tuple of ints, arity exact: TUPLE1/2/3 after 1/2/3 ints, or MARK ints TUPLE
 _TUP = rb"(?:" + _INT + rb"\x85|" + _INT * 2 + rb"\x86|" + _INT * 3 + rb"\x87|\(" + _INT + rb"+t)"
-_NEW = rb"\)\x81\x94\}\x94\("
-_NAME = rb"[^\x94]*"  # a spelled name up to its MEMOIZE (`_Pattern.string`)  # EMPTY_TUPLE NEWOBJ MEMOIZE EMPTY_DICT MEMOIZE MARK
+_NEW = rb"\)\x81\x94\}\x94\("  # EMPTY_TUPLE NEWOBJ MEMOIZE EMPTY_DICT MEMOIZE MARK
+_NAME = rb"[^\x94]*"  # a spelled name up to its MEMOIZE (`_Pattern.string`)
 
 
 class _Pattern:
@@ -144,12 +144,12 @@ CHUNK = _chunk_pattern(_Pattern(), "").cap("bound", b"(?:" + TENSOR_BOUND.inline
 CHUNK_REC = CHUNK.compile()
 CHUNK_RUN = CHUNK.compile_run()
 
-def _index(p: _Pattern, tag: str, strings: bool) -> _Pattern:
+def _index(p: _Pattern, tag: str, read_offsets: bool) -> _Pattern:
     """MetadataIndex(fqn, offset, index): its state dict in either field order torch writes (`fqn, index[, offset]`
     as `MetadataIndex.__init__` sets them, tried first, or `fqn, offset, index`), offset None or a torch.Size, index
-    None or an int. The name is matched once for both orders (no backtracking over it). `strings` False (the
+    None or an int. The name is matched once for both orders (no backtracking over it). `read_offsets` False (the
     plans): the offset's value is not read, only whether there is one."""
-    flag = not strings
+    flag = not read_offsets
     p.get("k_fqn").raw(b"(?:").get("fqn").raw(b"|").string("fqn_s").raw(b")(?:")
     p.get("k_index_b").raw(b"(?:N|" + _INT + b")").raw(b"(?:").get("k_offset_b").raw(b"(?:N|")
     p.size("offset_b", flag)
@@ -173,8 +173,8 @@ _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).r
  .flag("type_reduce", rb"\x85\x94R\x94").raw(b")").get("k_bytes").raw(b"(?:N|").get().raw(b")")
  .get("k_tensor").raw(b"(?:N|").get("twd").flag("twd_new", _NEW).get("k_chunk").get("chunk").get("k_props")
  .raw(b"(?:").get("props_ref").raw(b"|").get("props").flag("props_new", rb"\)\x81\x94\(").get().get()
- .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|").size("size", True)
- .raw(b")ub)ub"))
+ .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|")
+ .size("size", True).raw(b")ub)ub"))
 # What may follow a WriteItem inside a run (`stream_bounds.py`): the next batch of the same items list (APPENDS MARK),
 # or the end of this SavePlan (APPENDS, its other fields, SETITEMS BUILD) and the start of the next one up to its
 # items list's MARK. SavePlan's fields in dataclass order: items, storage_data (None), planner_data, usable. One
