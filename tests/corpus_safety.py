@@ -33,6 +33,19 @@ from corpus_kit import (
 )
 
 
+def _unjudged_common_pt(ckpt: Path, ctx: Ctx) -> None:
+    """common.pt's data.pkl claims 4 GiB uncompressed in both zip headers: the scanner does not inflate it past its
+    bound, so that pickle was never judged: fail closed (CK605), not `corrupt`."""
+    blob = bytearray((ckpt / "common.pt").read_bytes())
+    name = next(n for n in (b"common/data.pkl", b"archive/data.pkl") if n in blob)
+    for sig, at in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        k = blob.find(sig)
+        while k >= 0 and name not in bytes(blob[k : k + 46 + len(name) + 30]):
+            k = blob.find(sig, k + 4)
+        blob[k + at : k + at + 4] = (0xFFFF_FFF0).to_bytes(4, "little")
+    (ckpt / "common.pt").write_bytes(bytes(blob))
+
+
 def _hostile_metadata_bare(ckpt: Path, ctx: Ctx) -> None:
     (ckpt / ".metadata").write_bytes(pickle.dumps(Hostile(ctx.marker), protocol=2))
 
@@ -99,4 +112,5 @@ SAFETY_CASES: tuple[Case, ...] = (
         "extra", Harmless()))), "unsafe", S({"CK604"}), S({"CK601"}), sources=LEG),
     Case("deeply_nested_legacy_pt", legacy(_legacy_pt("mp_rank_00_001", _nest(600))), "corrupt", S({"CK603"}), sources=LEG,
          subprocess=True),
+    Case("unjudged_member_common_pt", td2(_unjudged_common_pt), "unsafe", S({"CK605"}), sources=TD, subprocess=True),
 )

@@ -191,6 +191,8 @@ def test_deep_nesting_is_bounded_whatever_opcode_builds_it(builder: str, ckpt: P
     entries = zip_entries((ckpt / "common.pt").read_bytes())
     (ckpt / "common.pt").write_bytes(write_zip([(n_, data if n_.endswith("data.pkl") else d) for n_, d in entries]))
     docs = assert_clean_json_runs(ckpt, (["audit"], ["scan"], ["info"]))
+    # judged to its end (nothing dangerous in it), too deep to unpickle: the reader's bound, CK603
+    assert not walk.unjudged and walk.segments == 1
     assert docs["audit"]["status"] == "corrupt"
 
 
@@ -216,9 +218,10 @@ def test_a_big_pickle_is_prewalked_by_streaming(tmp_path: Path) -> None:
     p.write_bytes(data)
     with open(p, "rb") as f:
         walk = walk_stream(f, len(data))
-    assert walk.limit is not None and "memo index" in walk.limit
+    assert walk.limit is not None and "memo index" in walk.limit and walk.unjudged
     r = cli("scan", str(p), "-o", "json")
-    assert r.returncode == 1 and json.loads(r.stdout)["status"] == "corrupt"
+    # the walk stopped at the memo bound before the end of the pickle: fail closed
+    assert r.returncode == 1 and json.loads(r.stdout)["status"] == "unsafe"
 
 
 @pytest.mark.parametrize("how", ["deflate", "lzma", "bzip2"])

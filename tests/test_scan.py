@@ -384,7 +384,7 @@ def test_unknown_global_is_a_warning_not_unsafe(tmp_path: Path) -> None:
 # --- broken and pathological input ------------------------------------------------------------------------------------
 
 
-def test_resource_bounds_are_ck603(tmp_path: Path) -> None:
+def test_resource_bounds_are_ck603_or_fail_closed(tmp_path: Path) -> None:
     save = copy_of(SAMPLES / "torch_dist_fully", tmp_path)
     ckpt = save / "iter_0000001"
     (ckpt / ".metadata").write_bytes(b"\x80\x04\x8d" + (100 << 30).to_bytes(8, "little") + b"abc.")
@@ -395,8 +395,10 @@ def test_resource_bounds_are_ck603(tmp_path: Path) -> None:
     (ckpt / "common.pt").write_bytes(bytes(blob))
     report = scan_path(save, "s")
     codes = sorted(f.code for f in report.findings)
-    assert codes == ["CK603", "CK603"], report.findings
-    assert report.status is Status.CORRUPT
+    # the absurd length claim in `.metadata` is the end of its data (CK603); common.pt's data.pkl was not inflated
+    # past the bound, so it was never judged: fail closed (CK605, unsafe)
+    assert codes == ["CK603", "CK605"], report.findings
+    assert report.status is Status.UNSAFE
     assert run_cli(str(save)).exit_code == 1
 
 
@@ -406,7 +408,8 @@ def test_deep_nesting_pickles_walk_without_recursion(tmp_path: Path) -> None:
     (save / "iter_0000001" / ".metadata").write_bytes(deep)
     (save / "iter_0000001" / "common.pt").write_bytes(torch_zip(b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"."))
     report = scan_path(save, "s")
-    # Walked without recursion, and the nesting is bounded (issue 18): CK603 for both, nothing else.
+    # Walked without recursion to the end (issue 24: judged past the nesting bound), and the nesting is bounded for
+    # the unpickler (issue 18): CK603 for both, nothing else.
     assert sorted(f.code for f in report.findings) == ["CK603", "CK603"], report.findings
     assert all("nesting deeper than" in (p.problem or "") for p in report.pickles if p.subject in (".metadata",
                                                                                                     "common.pt"))

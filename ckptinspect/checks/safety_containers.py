@@ -131,7 +131,11 @@ class ContainerScan:
                 "CK602", f"{subject}: pickle in {loc} references global(s) outside the allowlist: "
                 f"{', '.join(unknown)} (kept opaque, not executed)", subject, where.label,
                 {**details, "globals": unknown}))
-        if walk.limit is not None:
+        if walk.limit is not None and walk.unjudged:
+            self.findings.append(Finding("CK605", f"{subject}: pickle in {loc} was not judged to its end, a bound of "
+                                         f"the scanner's was hit: {walk.limit} (fail closed: what follows may run "
+                                         "code)", subject, where.label, {**details, "pickle_bytes": size}))
+        elif walk.limit is not None:
             self.findings.append(Finding("CK603", f"{subject}: pickle in {loc} exceeds the scanner's bounds: "
                                          f"{walk.limit}", subject, where.label, {**details, "pickle_bytes": size}))
         elif walk.error is not None:
@@ -172,7 +176,10 @@ class ContainerScan:
         return False
 
     def bound(self, where: Where, message: str) -> None:
-        self.findings.append(Finding("CK603", f"{where.subject}: {message}", where.subject, where.label,
+        """A member or byte string that was not judged because a bound of the scanner's was hit (zip bomb, nesting,
+        size): fail closed (CK605)."""
+        self.findings.append(Finding("CK605", f"{where.subject}: not judged, a bound of the scanner's was hit: "
+                                     f"{message} (fail closed)", where.subject, where.label,
                                      {"file": where.file, "offset": where.offset, "length": where.length}))
 
     def archive(self, f: IO[bytes], where: Where, depth: int) -> bool:

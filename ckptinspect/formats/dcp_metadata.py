@@ -90,7 +90,7 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
                     data.seek(start)
                     root = load_pickle(data, report, prewalked=True)
         except ReadError as e:
-            raise ReadError(str(e), "CK603" if e.code == "CK603" else "CK106") from e
+            raise ReadError(str(e), e.code if e.code in ("CK603", "CK605") else "CK106") from e
         state = _state(root)
         if _plans_not_last(state, report):
             # The fast path assumes the plans are the root's last field (Megatron sets `all_local_plans` after

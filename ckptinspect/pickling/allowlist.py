@@ -94,8 +94,36 @@ _ALLOWED_EXACT: frozenset[tuple[str, str]] = frozenset(
         ("numpy.random.mtrand", "RandomState"),
         ("_io", "BytesIO"),
         ("io", "BytesIO"),
+        # torch 2.13's `weights_only` default globals not covered above (`torch._weights_only_unpickler`
+        # `_get_allowed_globals`; tests/test_policy.py checks every one of them resolves as allowed)
+        ("collections", "Counter"),
+        ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"),
+        ("torch._utils", "_rebuild_nested_tensor"),
+        # numpy 2.x pickles a RandomState / Generator with its bit generator CLASS (numpy 1.x: its name as a str),
+        # which `__bit_generator_ctor` instantiates; a Generator's SeedSequence goes through Cython's unpickle helper
+        ("numpy.random._mt19937", "MT19937"),
+        ("numpy.random._pcg64", "PCG64"),
+        ("numpy.random._pcg64", "PCG64DXSM"),
+        ("numpy.random._philox", "Philox"),
+        ("numpy.random._sfc64", "SFC64"),
+        ("numpy.random.bit_generator", "SeedSequence"),
+        ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),
+        ("numpy.dtypes", "Int32DType"),
+        ("numpy.dtypes", "UInt8DType"),
+        ("numpy.dtypes", "Int8DType"),
+        ("numpy.dtypes", "Int16DType"),
+        ("numpy.dtypes", "UInt16DType"),
+        ("numpy.dtypes", "UInt64DType"),
+        ("numpy.dtypes", "Float16DType"),
+        ("numpy.dtypes", "BoolDType"),
     }
 )
+
+# Exact names allowed inside modules that are otherwise dangerous: what real checkpoints carry and the real loaders
+# allow (Megatron-Core's `safe_globals.py` registers both with torch's `weights_only` unpickler). `signal.Signals` is
+# the IntEnum whose members Megatron-LM stores in `args.exit_signal` (a lookup by value); `types.SimpleNamespace` is
+# an attribute bag. Nothing else of `signal` / `types` is allowed.
+_ALLOWED_IN_DANGEROUS: frozenset[tuple[str, str]] = frozenset({("signal", "Signals"), ("types", "SimpleNamespace")})
 
 # Modules whose every global is allowed (DCP metadata / planner classes, dtypes defined in torch itself).
 _ALLOWED_MODULE_PREFIXES: tuple[str, ...] = (
@@ -113,6 +141,10 @@ _ALLOWED_MODULE_PREFIXES: tuple[str, ...] = (
     "megatron.training.",
     "transformer_engine.pytorch.",
 )
+
+# Modules of torch's legacy tensor / storage type objects (`torch.cuda.FloatStorage`, `torch.sparse.FloatTensor`),
+# allowed by torch's `weights_only` unpickler.
+_TORCH_LEGACY_TYPE_MODULES: frozenset[str] = frozenset({"torch.cuda", "torch.sparse", "torch.cuda.sparse"})
 
 # torch names that are dtypes or storage classes (e.g. `torch.float32`, `torch.FloatStorage`).
 _TORCH_ALLOWED_SUFFIXES: tuple[str, ...] = ("Storage", "Tensor")
@@ -151,9 +183,12 @@ _DANGEROUS_EXACT: frozenset[tuple[str, str]] = frozenset(
 
 
 def classify(module: str, name: str) -> GlobalClass:
-    """Classify the global `module.name` referenced by a pickle (GLOBAL / STACK_GLOBAL / INST / OBJ opcodes)."""
+    """Classify the global `module.name` referenced by a pickle (GLOBAL / STACK_GLOBAL / INST / OBJ opcodes), as
+    spelled: `policy.resolve` maps Python 2 spellings and dotted names onto calls of this."""
     if (module, name) in _DANGEROUS_EXACT:
         return GlobalClass.DANGEROUS
+    if (module, name) in _ALLOWED_IN_DANGEROUS:
+        return GlobalClass.ALLOWED
     root = module.split(".", 1)[0]
     if module in _DANGEROUS_MODULES or root in _DANGEROUS_MODULES:
         # `torch` itself is not in the list; `torch.hub` etc. are matched as whole modules below.
@@ -169,15 +204,18 @@ def classify(module: str, name: str) -> GlobalClass:
             return GlobalClass.DANGEROUS if _attr_chain_is_dangerous(name) else GlobalClass.UNKNOWN
         return GlobalClass.ALLOWED
     if module == "torch" and "." not in name:
-        if name in _TORCH_DTYPE_NAMES or name.endswith(_TORCH_ALLOWED_SUFFIXES):
+        if name in _TORCH_DTYPE_NAMES or name in TORCH_CONSTANTS or name.endswith(_TORCH_ALLOWED_SUFFIXES):
             return GlobalClass.ALLOWED
         return GlobalClass.UNKNOWN
+    if module in _TORCH_LEGACY_TYPE_MODULES and "." not in name and name.endswith(_TORCH_ALLOWED_SUFFIXES):
+        return GlobalClass.ALLOWED  # `torch.cuda.FloatStorage`, `torch.sparse.FloatTensor`: legacy type objects
     return GlobalClass.UNKNOWN
 
 
 def allowed_exactly(module: str, name: str) -> bool:
     """True when `module.name` is allowed by an exact entry (not merely by a module prefix)."""
-    return (module, name) in _ALLOWED_EXACT and classify(module, name) is GlobalClass.ALLOWED
+    return ((module, name) in _ALLOWED_EXACT or (module, name) in _ALLOWED_IN_DANGEROUS) \
+        and classify(module, name) is GlobalClass.ALLOWED
 
 
 def _attr_chain_is_dangerous(name: str) -> bool:
@@ -198,6 +236,21 @@ TORCH_DTYPES: dict[str, str] = {
     "qint8": "qint8", "quint8": "quint8", "qint32": "qint32", "quint4x2": "quint4x2",
 }
 _TORCH_DTYPE_NAMES = frozenset(TORCH_DTYPES)
+
+# torch attributes that are plain, non-callable constants: dtypes without a neutral name here (sub-byte and bit
+# types), quantization schemes, layouts and memory formats (torch 2.13's `weights_only` allows them all). Calling
+# one raises TypeError: nothing runs.
+TORCH_CONSTANTS: frozenset[str] = frozenset(
+    {
+        "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "float4_e2m1fn_x2", "quint2x4",
+        "int1", "int2", "int3", "int4", "int5", "int6", "int7",
+        "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7",
+        "per_channel_affine", "per_channel_affine_float_qparams", "per_channel_symmetric", "per_tensor_affine",
+        "per_tensor_symmetric",
+        "strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn", "jagged",
+        "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
+    }
+)
 
 # Legacy typed storage classes (`torch.FloatStorage`) → dtype, as torch.save writes them in persistent ids.
 TORCH_STORAGE_DTYPES: dict[str, str] = {

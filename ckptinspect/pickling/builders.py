@@ -144,6 +144,21 @@ def _guarded(kind: type[Any]) -> Callable[..., Any]:
     return build
 
 
+def _deque(iterable: Any = (), maxlen: Any = None) -> list[Any]:
+    """`collections.deque(iterable, maxlen)` as a list (APPENDS fills it; `maxlen` is not data of interest)."""
+    return list(iterable)
+
+
+def _counter(iterable: Any = ()) -> dict[Any, Any]:
+    """`collections.Counter(mapping)` (what a Counter pickles as) as a dict of its counts."""
+    if isinstance(iterable, dict):
+        return dict(iterable)
+    counts: dict[Any, Any] = {}
+    for item in iterable:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
 BUILDERS: Mapping[tuple[str, str], Callable[..., Any]] = {
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
@@ -158,6 +173,8 @@ BUILDERS: Mapping[tuple[str, str], Callable[..., Any]] = {
     ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): int,
     ("torch", "device"): _device,
     ("collections", "OrderedDict"): StateDict,
+    ("collections", "deque"): _deque,
+    ("collections", "Counter"): _counter,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
     ("builtins", "slice"): slice,

@@ -29,7 +29,7 @@ Kinds of call:
 
 from __future__ import annotations
 
-from ckptinspect.pickling.allowlist import allowed_exactly
+from ckptinspect.pickling.allowlist import TORCH_CONSTANTS, TORCH_DTYPES, allowed_exactly
 
 # Constructors and torch/numpy rebuild helpers that are inert for every argument (torch 2.13, numpy 1.x/2.x).
 _INERT: frozenset[tuple[str, str]] = frozenset(
@@ -51,7 +51,20 @@ _INERT: frozenset[tuple[str, str]] = frozenset(
         ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
         ("numpy.dtypes", "Float64DType"), ("numpy.dtypes", "Float32DType"), ("numpy.dtypes", "Int64DType"),
         ("numpy.dtypes", "UInt32DType"), ("numpy.random.mtrand", "RandomState"),
+        ("numpy.dtypes", "Int32DType"), ("numpy.dtypes", "UInt8DType"), ("numpy.dtypes", "Int8DType"),
+        ("numpy.dtypes", "Int16DType"), ("numpy.dtypes", "UInt16DType"), ("numpy.dtypes", "UInt64DType"),
+        ("numpy.dtypes", "Float16DType"), ("numpy.dtypes", "BoolDType"),
+        # numpy 2.x bit generators (`__bit_generator_ctor` instantiates the class it is given: seeds from its
+        # argument or the OS), Megatron-Core `safe_globals.py`'s `Signals` (an IntEnum lookup by value: Megatron-LM's
+        # `args.exit_signal`) and `SimpleNamespace` (an attribute bag), torch's Counter and rebuild helpers
+        ("numpy.random._mt19937", "MT19937"), ("numpy.random._pcg64", "PCG64"), ("numpy.random._pcg64", "PCG64DXSM"),
+        ("numpy.random._philox", "Philox"), ("numpy.random._sfc64", "SFC64"),
+        ("signal", "Signals"), ("types", "SimpleNamespace"), ("collections", "Counter"),
+        ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"), ("torch._utils", "_rebuild_nested_tensor"),
     }
+    # torch dtypes, layouts, memory formats and qschemes are constants, not callables: "calling" one raises
+    # TypeError, so one stored where the unpickler may call it (a BUILD state, `policy.HOOK_NAMES`) runs nothing.
+    | {("torch", n) for n in TORCH_DTYPES} | {("torch", n) for n in TORCH_CONSTANTS}
 )
 
 # Call what they are given (now or later): their arguments count as called.
@@ -59,6 +72,15 @@ THROUGH_CALL: frozenset[tuple[str, str]] = frozenset(
     {
         ("functools", "partial"), ("collections", "defaultdict"),
         ("torch._tensor", "_rebuild_from_type_v2"), ("torch._tensor", "_rebuild_from_type"),
+    }
+)
+# Call the globals they are given, and use anything else as data (numpy 2.x `numpy/random/_pickle.py`:
+# `__bit_generator_ctor(cls)` instantiates a class, looks a str up by name; `__randomstate_ctor(x, ctor)` /
+# `__generator_ctor(x, ctor)` use a BitGenerator instance `x` as it is and call `ctor(x)` otherwise). An argument that
+# is a global counts as called; an instance made by inert constructors is not called (fail closed: arguments the walk
+# did not keep one by one count whole).
+THROUGH_CLASS: frozenset[tuple[str, str]] = frozenset(
+    {
         ("numpy.random._pickle", "__randomstate_ctor"), ("numpy.random._pickle", "__bit_generator_ctor"),
         ("numpy.random._pickle", "__generator_ctor"),
     }
@@ -69,13 +91,17 @@ THROUGH_NEW: frozenset[tuple[str, str]] = frozenset(
     {
         ("torch._utils", "_rebuild_parameter_with_state"), ("torch._utils", "_rebuild_wrapper_subclass"),
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        # Cython's `__pyx_unpickle_SeedSequence(type, checksum, state)`: `SeedSequence.__new__(type)`, then its state
+        ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),
     }
 )
 # `copyreg._reconstructor(cls, base, state)` (Lib/copyreg.py): `obj = base.__new__(cls, state)`, then
 # `base.__init__(obj, state)` unless base's `__init__` is `object.__init__`. Python's pickler writes it for protocols
 # 0/1 only, with `base` the nearest builtin base of `cls` (`object`, `dict`, `list`, ...).
 RECONSTRUCT: frozenset[tuple[str, str]] = frozenset({("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor")})
-THROUGH = THROUGH_CALL | THROUGH_NEW | RECONSTRUCT
+THROUGH = THROUGH_CALL | THROUGH_NEW | RECONSTRUCT | THROUGH_CLASS
+# What a call of a `THROUGH` global does with its arguments (`through_kind`).
+THROUGH_NONE, THROUGH_NEW_KIND, THROUGH_CALL_KIND, RECONSTRUCT_KIND, THROUGH_CLASS_KIND = 0, 1, 2, 3, 4
 # What `copyreg._reconstructor` may take as `base`: `object` and the inert constructors (whose `__new__` and
 # `__init__` run no code for any argument).
 INIT_SAFE: frozenset[tuple[str, str]] = _INERT
@@ -131,8 +157,18 @@ PLAIN_CLASSES: frozenset[tuple[str, str]] = frozenset(
         ("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan"),
         ("megatron.core.dist_checkpointing.tensor_aware_state_dict", "MCoreTensorAwareStateDict"),
         ("torch.distributed.checkpoint.storage", "WriteResult"),
+        # Megatron-Core `safe_globals.py` (0.16.1): the optimizer config dataclass, pickled as NEWOBJ + BUILD
+        ("megatron.core.optimizer.optimizer_config", "OptimizerConfig"),
     }
 )
+
+
+def through_kind(module: str, name: str) -> int:
+    """What calling `module.name` does with its arguments: one of the `*_KIND` constants (THROUGH_NONE: nothing)."""
+    key = (module, name)
+    return (THROUGH_CALL_KIND if key in THROUGH_CALL else THROUGH_NEW_KIND if key in THROUGH_NEW
+            else RECONSTRUCT_KIND if key in RECONSTRUCT else THROUGH_CLASS_KIND if key in THROUGH_CLASS
+            else THROUGH_NONE)
 
 
 def callable_safely(module: str, name: str) -> bool:

@@ -23,6 +23,7 @@ import copyreg
 from typing import TYPE_CHECKING
 
 from ckptinspect.pickling.walkstate import (
+    _EMPTY,
     MAX_LINE,
     MAX_TRACKED_STR as MAX_TRACKED_STR,
     GlobalRef,
@@ -37,7 +38,16 @@ from ckptinspect.pickling.walkstate import (
     _tuple_of,
     _Val,
 )
-from ckptinspect.pickling.judge import DYNAMIC_GLOBAL as DYNAMIC_GLOBAL, _CALL_OPS, _add, _call, _record
+from ckptinspect.pickling.judge import (
+    DYNAMIC_GLOBAL as DYNAMIC_GLOBAL,
+    _CALL_OPS,
+    _add,
+    _call,
+    _record,
+    dict_value,
+    makes_dict,
+    makes_str,
+)
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.opcodes import (  # the opcode table
     HIGHEST_PROTOCOL,
@@ -73,6 +83,8 @@ MAX_BLOBS = 1000  # embedded pickles / archives recorded per stream
 _MODIFY_OPS = frozenset(ord(c) for c in "ae" "s" "u" "\x90")  # APPEND(S) SETITEM(S) ADDITEMS: container stays
 _BLOB_OPS = frozenset({ord("B"), ord("C"), ord("\x8e"), ord("\x96")})  # BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8
 _PERSID_OPS = frozenset({ord("P"), ord("Q")})
+_SETITEM_OPS = frozenset({ord("s"), ord("u")})  # SETITEM SETITEMS
+_DICT_OP = ord("d")
 _TUPLE_OPS = frozenset({ord("t"), 0x85, 0x86, 0x87})  # TUPLE TUPLE1 TUPLE2 TUPLE3
 # What a generic opcode does with what it consumes, by opcode byte.
 _K_PLAIN, _K_CALL, _K_MODIFY, _K_PERSID = 0, 1, 2, 3
@@ -218,25 +230,38 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                         stack.append(1)  # torch's persistent_load reads the id as data (storage type, key, ...)
                     elif d >= 0:
                         if d >= MAX_DEPTH:
-                            raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({names[code]})", start,
-                                       limit=True)
+                            _deep(walk, d + 1, start, names[code])
                         stack.append(d + 1)
                     elif code in _TUPLE_OPS and len(consumed) <= 3:
-                        _push(stack, _tuple_of(consumed), start, names[code])
+                        _push(walk, stack, _made(_tuple_of(consumed), _EMPTY), start, names[code])
+                    elif code == _DICT_OP:
+                        _push(walk, stack, dict_value(walk, None, consumed, _combine(consumed), start), start, names[code])
                     else:
-                        _push(stack, _combine(consumed), start, names[code])
+                        _push(walk, stack, _made(_combine(consumed), _EMPTY), start, names[code])
                 elif kind == _K_CALL:
                     if _call(walk, code, consumed, start):
-                        # an inert constructor / allowed class created: the result carries only its arguments
-                        _push(stack, _combine(consumed[1:]) if len(consumed) > 1 else 1, start, names[code])
+                        # an inert constructor / allowed class created: the result carries only its arguments (and
+                        # is a dict made from them only when the constructor makes dicts: `judge.hooked`)
+                        r = _combine(consumed[1:]) if len(consumed) > 1 else 1
+                        if makes_str(consumed[0]):
+                            r = _strish(r)
+                        _push(walk, stack, _made(r, None if makes_dict(consumed[0]) else _EMPTY), start, names[code])
                     elif code == 0x62:  # BUILD: the object stays, with its state inside
-                        _push(stack, _combine([consumed[0], _combine(consumed[1:])], extra=0), start, names[code])
+                        obj = consumed[0]
+                        r = _combine([obj, _combine(consumed[1:])], extra=0)
+                        hook = obj.hook if obj.__class__ is _Val else _EMPTY
+                        _push(walk, stack, _made(r, hook), start, names[code])
                     else:
-                        _push(stack, _combine(consumed), start, names[code])
+                        _push(walk, stack, _combine(consumed), start, names[code])
                 else:  # _K_MODIFY: the container stays; its depth is its own or 1 + an added item's
                     items = consumed[1:]
-                    _push(stack, _combine([consumed[0], _combine(items) if items else 0], extra=0), start,
-                          names[code])
+                    v = _combine([consumed[0], _combine(items) if items else 0], extra=0)
+                    if code in _SETITEM_OPS:
+                        v = dict_value(walk, consumed[0], items, v, start)
+                    else:
+                        c0 = consumed[0]
+                        v = _made(v, c0.hook if c0.__class__ is _Val else _EMPTY)
+                    _push(walk, stack, v, start, names[code])
             elif act == _MEMOIZE or act == _PUT:
                 if len(stack) <= (marks[-1] if marks else 0):
                     raise Stop(f"stack underflow: {names[code]} at byte {start}", start)
@@ -356,7 +381,32 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
         walk.ops = ops
 
 
-def _push(stack: list[object], v: object, start: int, name: str) -> None:
-    if _depth(v) > MAX_DEPTH:
-        raise Stop(f"nesting deeper than {MAX_DEPTH} at byte {start} ({name})", start, limit=True)
+def _strish(v: object) -> _Val:
+    """`v` (a call's result) as a tracked value that may be a str (`judge.makes_str`)."""
+    out = v if isinstance(v, _Val) else _Val(None, _EMPTY, _EMPTY, _depth(v))
+    out.strish = True
+    return out
+
+
+def _made(v: object, hook: frozenset[str] | None) -> object:
+    """`v` with its `hook` (`judge.hooked`) set, when it is a tracked value."""
+    if v.__class__ is _Val:
+        v.hook = hook
+    return v
+
+
+def _push(walk: PickleWalk, stack: list[object], v: object, start: int, name: str) -> None:
+    d = _depth(v)
+    if d > MAX_DEPTH:
+        _deep(walk, d, start, name)
     stack.append(v)
+
+
+def _deep(walk: PickleWalk, depth: int, start: int, name: str) -> None:
+    """Note nesting beyond `MAX_DEPTH`. The walk goes on (its depth is a number, so the verdict is judged to the end
+    of the pickle); the value is too deep for the unpickler to build (CPython hashes and frees nested tuples
+    recursively in C), so the walk records a bound that keeps the unpickler away (`PickleWalk.deep`)."""
+    if depth > walk.deepest:
+        if walk.deepest <= MAX_DEPTH:
+            walk.deep = f"nesting deeper than {MAX_DEPTH} at byte {start} ({name})"
+        walk.deepest = depth

@@ -7,25 +7,16 @@ counts as a call, `THROUGH` entries call their arguments, `copyreg._reconstructo
 
 from __future__ import annotations
 
-import _compat_pickle
 import functools
 from typing import TYPE_CHECKING
 
-from ckptinspect.pickling.allowlist import GlobalClass, classify
-from ckptinspect.pickling.callables import (
-    RECONSTRUCT,
-    THROUGH_CALL,
-    THROUGH_NEW,
-    callable_safely,
-    creatable_safely,
-    init_safely,
-)
+from ckptinspect.pickling.policy import DICT_MAKERS, SLOT_HOOK_NAMES, STR_MAKERS, Resolved, resolve
 from ckptinspect.pickling.opcodes import _T
 from ckptinspect.pickling.walkstate import (
     _EMPTY,
     _RECONSTRUCT,
     _THROUGH_CALL,
-    _THROUGH_NEW,
+    _THROUGH_CLASS,
     GlobalRef,
     Stop,
     _Val,
@@ -50,6 +41,11 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
     result then carries only its arguments' taint)."""
     op = _CALL_OPS.get(code, _NAMES[code])
     callee, args = consumed[0], consumed[1:]
+    if op == "BUILD" and args:
+        # A BUILD state may install a hook on the instance that a later opcode calls (`hooked`).
+        for q in hooked(args[0]):
+            if q not in walk.called:
+                walk.called[q] = f"BUILD at byte {offset} (stored where the unpickler calls it)"
     if not isinstance(callee, _Val):
         return False  # a plain value built from inert parts: calling it runs nothing the allowlist did not vet
     v = callee
@@ -68,6 +64,8 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
             names, ok = (set() if v.call_ok else {v.qual}), v.call_ok
         if v.through == _RECONSTRUCT:
             names |= _reconstructed(v.qual, op, args)
+        elif v.through == _THROUGH_CLASS:
+            names |= _globals_called(op, args)
         elif v.through:
             for a in args:
                 if isinstance(a, _Val):
@@ -76,6 +74,79 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
         if q not in walk.called:
             walk.called[q] = f"{op} at byte {offset}"
     return ok
+
+
+def hooked(state: object) -> frozenset[str]:
+    """The globals a BUILD with `state` may get called although no opcode calls them. BUILD looks `__setstate__` up
+    on the instance (its `__dict__` first) and APPEND / APPENDS / ADDITEMS look up `append` / `extend` / `add`, so a
+    state that stores a callable under one of those names (`policy.HOOK_NAMES`) installs it and the next such opcode
+    calls it (Lib/pickle.py `load_build`, Modules/_pickle.c the same); a slot state (`(state, slotstate)`) is applied
+    with `setattr`, which can also change `__class__`. A dict built by DICT / SETITEM(S) had its keys checked as it
+    was built (`dict_value`, which records what it stores under a hook name): nothing more here. A state of any other
+    make counts whole (fail closed): a dict filled by a constructor from its arguments (`dict(pairs)`), or the result
+    of a call that is not inert. Every other value is marked (`_Val.hook`) where the walker makes it: literals,
+    instances made by inert constructors, BUILD and APPEND results are no dict whose items the walker did not see."""
+    if not isinstance(state, _Val):
+        return _EMPTY
+    parts = state.parts
+    if parts is not None and len(parts) == 2:
+        return hooked(parts[0]) | hooked(parts[1])
+    if state.hook is not None:
+        return _EMPTY
+    return state.taint
+
+
+def _may_name_hook(key: object) -> bool:
+    """True when a dict key may equal a name in `policy.SLOT_HOOK_NAMES`: a literal hook name, a value a str maker
+    computed, or a value the walk did not keep apart (made by a call that is not inert). Ints, tuples, long strings and
+    globals (classes, functions) never equal a str."""
+    if isinstance(key, str):
+        return key in SLOT_HOOK_NAMES
+    return isinstance(key, _Val) and (key.strish or key.qual is None and key.hook is None)
+
+
+def makes_str(callee: object) -> bool:
+    """True when an inert call of `callee` may return a str computed from its arguments (`policy.STR_MAKERS`)."""
+    return isinstance(callee, _Val) and callee.qual in STR_MAKERS
+
+
+def makes_dict(callee: object) -> bool:
+    """True when an inert call of `callee` may return a dict filled from its arguments (`policy.DICT_MAKERS`)."""
+    return isinstance(callee, _Val) and callee.qual in DICT_MAKERS
+
+
+def dict_value(walk: PickleWalk, container: object, pairs: list[object], built: object, offset: int) -> object:
+    """DICT (`container` None) or SETITEM(S) on `container` stored `pairs` (key, value, key, value ...); `built` is the
+    resulting value. A global that may not be called, stored under a name the unpickler looks up and calls once the
+    dict is a BUILD state or slot state (`policy.SLOT_HOOK_NAMES`, or a key that is not a literal str), is recorded
+    as called now: the dict may be reached again through the memo after this, so the check cannot wait for the
+    BUILD. `built` is marked a checked dict when the container was one (or a new dict)."""
+    for i in range(0, len(pairs) - 1, 2):
+        k, value = pairs[i], pairs[i + 1]
+        if isinstance(value, _Val) and value.taint and _may_name_hook(k):
+            for q in value.taint:
+                if q not in walk.called:
+                    op = "SETITEM" if container is not None else "DICT"
+                    under = repr(k) if isinstance(k, str) else "a key computed by the pickle"
+                    walk.called[q] = f"{op} at byte {offset} (stored under {under}, a name the unpickler calls)"
+    if isinstance(built, _Val):
+        checked = container is None or not isinstance(container, _Val) or container.hook is not None
+        built.hook = _EMPTY if checked else None
+    return built
+
+
+def _globals_called(op: str, args: list[object]) -> set[str]:
+    """What a `callables.THROUGH_CLASS` call runs: the globals among its arguments that may not be called (each one
+    is called if it is a class or a function); an instance made by inert constructors is used as data. `args` are the
+    operands (OBJ / INST) or the one argument tuple (REDUCE); a tuple whose items the walk did not keep counts whole."""
+    if op == "REDUCE":
+        packed = args[0] if args else None
+        if not isinstance(packed, _Val):
+            return set()  # plain values only
+        if packed.parts is None:
+            return {*packed.taint}
+        args = list(packed.parts)
+    return {a.qual for a in args if isinstance(a, _Val) and a.qual is not None and not a.call_ok}
 
 
 def _reconstructed(qual: str, op: str, args: list[object]) -> set[str]:
@@ -102,43 +173,20 @@ def _reconstructed(qual: str, op: str, args: list[object]) -> set[str]:
 
 
 def _record(walk: PickleWalk, module: str, name: str, opcode: str, offset: int, proto: int) -> _Val:
-    """Record a global reference; return its stack value."""
-    verdict, mapped = _verdict(module, name, proto < 3)
-    _add(walk, GlobalRef(module, name, opcode, offset, verdict))
+    """Record a global reference; return its stack value. Judged by `policy.resolve` (under every protocol, so
+    `proto` does not change the verdict: a Python 2 spelling is judged as mapped and as written)."""
+    r = resolve(module, name)
+    _add(walk, GlobalRef(module, name, opcode, offset, r.verdict))
     if len(walk._seen) > MAX_GLOBAL_NAMES:
         raise Stop(f"more than {MAX_GLOBAL_NAMES} distinct globals", offset, limit=True)
-    return _value(module, name, verdict, mapped)
+    return _value(r)
 
 
 @functools.lru_cache(maxsize=4096)
-def _value(module: str, name: str, verdict: GlobalClass, mapped: tuple[str, str]) -> _Val:
-    qual = f"{module}.{name}"
-    allowed = verdict is GlobalClass.ALLOWED
-    call_ok = allowed and callable_safely(*mapped)
-    new_ok = allowed and creatable_safely(*mapped)
-    init_ok = allowed and init_safely(*mapped)
-    through = (_THROUGH_CALL if mapped in THROUGH_CALL else _THROUGH_NEW if mapped in THROUGH_NEW
-               else _RECONSTRUCT if mapped in RECONSTRUCT else 0)
-    me = frozenset({qual})
-    return _Val(qual, _EMPTY if call_ok else me, _EMPTY if new_ok else me, 0, call_ok, new_ok, through, init_ok)
-
-
-@functools.lru_cache(maxsize=4096)
-def _verdict(module: str, name: str, py2_names: bool) -> tuple[GlobalClass, tuple[str, str]]:
-    """The allowlist verdict of a global, and the (module, name) the unpickler would import."""
-    verdict = classify(module, name)
-    mapped = (module, name)
-    if py2_names:
-        # For protocols < 3 the unpickler imports the Python 3 name (`fix_imports`, `_compat_pickle`):
-        # `__builtin__.eval` is `builtins.eval`. Judge what it would import; a name dangerous as written stays so.
-        m = _compat_pickle.NAME_MAPPING.get((module, name))
-        if m is None and module in _compat_pickle.IMPORT_MAPPING:
-            m = (_compat_pickle.IMPORT_MAPPING[module], name)
-        if m is not None:
-            mapped = m
-            if verdict is not GlobalClass.DANGEROUS:
-                verdict = classify(*m)
-    return verdict, mapped
+def _value(r: Resolved) -> _Val:
+    me = frozenset({r.qual})
+    return _Val(r.qual, _EMPTY if r.call_ok else me, _EMPTY if r.new_ok else me, 0, r.call_ok, r.new_ok, r.through,
+                r.init_ok)
 
 
 def _add(walk: PickleWalk, ref: GlobalRef) -> None:

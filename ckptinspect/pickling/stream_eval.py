@@ -3,7 +3,7 @@
 It walks the pickle opcode by opcode (protocols 2-5, as torch's `FileSystemWriter.finish` and Megatron write it) and
 evaluates only what a DCP `Metadata` needs, writing chunks and storage entries into `_Sink` columns instead of
 objects. Safety is the reference unpickler's (`unpickle.SafeUnpickler`): every global goes through the same
-`classify` and is recorded in the `PickleReport`; nothing is imported or called except the same pure data builders
+`policy.resolve` and is recorded in the `PickleReport`; nothing is imported or called except the same pure data builders
 (`builders.BUILDERS`). Whatever this evaluator does not model exactly — a global outside the allowlist, an opcode
 that no DCP writer emits, a memo reference it did not keep, a shape of data it does not know — raises `Fallback`,
 and the caller reads the file with the reference unpickler instead (which reports and bounds it as always).
@@ -16,15 +16,14 @@ large file) lists only count their elements: the plans are needed for per-rank i
 
 from __future__ import annotations
 
-import _compat_pickle
 import struct
 from array import array
 from bisect import bisect_left
 from typing import Any
 
 from ckptinspect.pickling.builders import BUILDERS, DType, StorageType
-from ckptinspect.pickling.allowlist import TORCH_DTYPES, TORCH_STORAGE_DTYPES, GlobalClass, classify
-from ckptinspect.pickling.callables import callable_safely, creatable_safely
+from ckptinspect.pickling.allowlist import TORCH_DTYPES, TORCH_STORAGE_DTYPES, GlobalClass
+from ckptinspect.pickling.policy import resolve
 from ckptinspect.pickling.unpickle import PickleReport
 
 LOW_MEMO = 1 << 16  # memo slots that keep any value
@@ -320,14 +319,12 @@ def resolve_global(module: str, name: str, report: PickleReport, cache: dict[str
     if hit is not None:
         report.globals[qual] = hit[1]
         return hit[0]
-    if (module, name) in _compat_pickle.NAME_MAPPING:
-        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-    elif module in _compat_pickle.IMPORT_MAPPING:
-        module = _compat_pickle.IMPORT_MAPPING[module]
-    verdict = classify(module, name)
+    r = resolve(module, name)  # the one rule, as `SafeUnpickler.find_class` asks it
+    verdict = r.verdict
     report.globals[qual] = verdict
     if verdict is not GlobalClass.ALLOWED:
         raise Fallback(f"global {qual} is {verdict.value}")
+    module, name = r.target
     fn = _FUNCTIONS.get((module, name))
     if fn is not None:
         value: Any = fn
@@ -337,7 +334,7 @@ def resolve_global(module: str, name: str, report: PickleReport, cache: dict[str
         value = StorageType(TORCH_STORAGE_DTYPES[name])
     else:
         # named as spelled, as the reference's stand-in classes are; judged as the unpickler would import it
-        value = Global(qual, name, callable_safely(module, name), creatable_safely(module, name))
+        value = Global(qual, name, r.call_ok, r.new_ok)
     cache[qual] = (value, verdict)
     return value
 

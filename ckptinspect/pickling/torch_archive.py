@@ -75,7 +75,12 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
     limits = [w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)]
     if limits:
         w = limits[0]
-        raise _with(LimitExceeded(f"{w.where}: {w.problem or (w.walk.limit if w.walk else '')}", "CK603"), report)
+        # a member or byte string past a bound (zip bomb, nesting) or a pickle whose walk stopped at a bound of the
+        # scanner's own was not judged to its end: fail closed (CK605); an absurd length claim is CK603
+        unjudged = [x for x in limits if x.limit or (x.walk is not None and x.walk.unjudged)]
+        w = unjudged[0] if unjudged else w
+        code = "CK605" if unjudged else "CK603"
+        raise _with(LimitExceeded(f"{w.where}: {w.problem or (w.walk.limit if w.walk else '')}", code), report)
     try:
         zf = zipfile.ZipFile(view)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, KeyError,

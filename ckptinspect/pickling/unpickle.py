@@ -13,7 +13,6 @@ torch is never imported. Torch zip archives are opened by `torch_archive.py`, wh
 
 from __future__ import annotations
 
-import _compat_pickle
 import gc
 import io
 import os
@@ -30,8 +29,8 @@ from ckptinspect.pickling.allowlist import (
     TORCH_DTYPES,
     TORCH_STORAGE_DTYPES,
     GlobalClass,
-    classify,
 )
+from ckptinspect.pickling.policy import resolve
 from ckptinspect.pickling.standins import (
     _COMPACT_FIELDS,
     _HEAPTYPE,
@@ -116,7 +115,7 @@ _FAST_CLASSES = frozenset(
 class SafeUnpickler(pickle.Unpickler):
     """Allowlisting unpickler: nothing from the pickle is ever imported or called.
 
-    1. `find_class` classifies the global (`allowlist.classify`), records it in `report`, and returns a data
+    1. `find_class` judges the global (`policy.resolve`), records it in `report`, and returns a data
        builder (allowed function), an `Obj` subclass (allowed class), or an `Opaque` placeholder.
     2. `persistent_load` turns torch's `('storage', ...)` ids into `StorageRef`s (the bytes are not read).
     """
@@ -132,15 +131,13 @@ class SafeUnpickler(pickle.Unpickler):
         self._builders: dict[str, Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        qual = f"{module}.{name}"  # reported as the pickle spells it
-        # Python 2 names (`__builtin__.reduce` is `functools.reduce`): judge what the default unpickler would import.
-        if (module, name) in _compat_pickle.NAME_MAPPING:
-            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        elif module in _compat_pickle.IMPORT_MAPPING:
-            module = _compat_pickle.IMPORT_MAPPING[module]
-        verdict = classify(module, name)
+        # Judged by the one rule (`policy.resolve`: Python 2 names and dotted names as the unpickler would import
+        # them), reported as the pickle spells it; the stand-in is chosen for what it resolves to.
+        r = resolve(module, name)
+        qual, verdict = r.qual, r.verdict
         self.report.globals[qual] = verdict
         if verdict is GlobalClass.ALLOWED:
+            module, name = r.target
             if self.discard_plans and not self._in_plans and name.endswith("SavePlan"):
                 self._enter_plans()
             fn = _FUNCTIONS.get((module, name))
@@ -300,6 +297,8 @@ def load_pickle(
 def _vet(walk: PickleWalk, report: PickleReport) -> None:
     report.merge_walk(walk)
     if walk.limit is not None:
+        if walk.unjudged:  # the rest of the pickle was not judged: fail closed
+            raise LimitExceeded(f"pickle not judged to its end, a scanner bound was hit: {walk.limit}", "CK605")
         raise LimitExceeded(f"pickle exceeds resource bounds: {walk.limit}", "CK603")
 
 

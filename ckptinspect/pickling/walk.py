@@ -55,6 +55,10 @@ class PickleWalk:
     error: why walking stopped early on malformed input (truncated, invalid opcode, stack underflow), or None.
     error_offset: byte offset of that problem.
     limit: a resource bound that was hit (huge length claim, op count, stack size), or None.
+    unjudged: the bound hit was the scanner's own (op count, stack, nesting, memo, globals), not a length claim past
+      the data: the rest of the stream was not judged, so the verdict fails closed (`unsafe`, CK605).
+    deep: where the nesting first went beyond `engine.MAX_DEPTH`, or None; deepest: the deepest nesting seen. Such a
+      pickle is judged to its end, and `limit` names the nesting (CK603): too deep for the unpickler to build.
     trailing: bytes after the last complete pickle that are not one (not walked, or not walkable to a STOP).
     trailing_problem: why those bytes did not walk as a pickle, when they started like one.
     called: globals the pickle CALLS that are not inert constructors (`callables.py`) → where ("REDUCE at byte 12").
@@ -71,6 +75,9 @@ class PickleWalk:
     error: str | None = None
     error_offset: int | None = None
     limit: str | None = None
+    unjudged: bool = False
+    deep: str | None = None
+    deepest: int = 0
     trailing: int = 0
     trailing_problem: str | None = None
     max_memo_index: int = -1
@@ -190,10 +197,13 @@ def _walk(src: Source, max_ops: int, max_stack: int) -> PickleWalk:
             else:
                 if stop.limit:
                     walk.limit = str(stop)
+                    walk.unjudged = not stop.claim
                 else:
                     walk.error = str(stop)
                 walk.error_offset = stop.offset
             break
+    if walk.limit is None and walk.deep is not None:
+        walk.limit = f"{walk.deep}, {walk.deepest} levels (judged to its end; too deep to unpickle)"
     if walk.limit is None and walk.max_memo_index > walk.ops:
         # A pickler never names a memo slot beyond the objects it memoized; CPython's unpickler allocates (and
         # zeroes) a memo array of twice the index, so `LONG_BINPUT 0x7fffffff` in 14 bytes costs it 32 GiB.

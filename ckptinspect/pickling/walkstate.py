@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.pickling.callables import RECONSTRUCT_KIND, THROUGH_CALL_KIND, THROUGH_CLASS_KIND, THROUGH_NEW_KIND
 
 MAX_LINE = 1 << 20  # protocol-0 argument lines
 WINDOW = 8 << 20  # stream read size
@@ -34,7 +35,7 @@ class GlobalRef:
 class _Val:
     """A tracked non-string stack value: a global, or a value built from globals that may not be called."""
 
-    __slots__ = ("qual", "call_ok", "new_ok", "init_ok", "through", "taint", "ntaint", "depth", "parts")
+    __slots__ = ("qual", "call_ok", "new_ok", "init_ok", "through", "taint", "ntaint", "depth", "parts", "hook", "strish")
 
     def __init__(self, qual: str | None, taint: frozenset[str], ntaint: frozenset[str], depth: int,
                  call_ok: bool = False, new_ok: bool = False, through: int = 0, init_ok: bool = False,
@@ -43,16 +44,23 @@ class _Val:
         self.call_ok = call_ok  # REDUCE / OBJ / INST on it runs no code
         self.new_ok = new_ok  # NEWOBJ on it runs no code (`callables.creatable_safely`)
         self.init_ok = init_ok  # `copyreg._reconstructor` may take it as `base` (`callables.init_safely`)
-        self.through = through  # 0, or what it does to its arguments: _THROUGH_CALL / _THROUGH_NEW / _RECONSTRUCT
+        self.through = through  # 0, or what it does to its arguments (`callables.*_KIND`)
         self.taint = taint  # globals inside that may not be called
         self.ntaint = ntaint  # globals inside that may not even be instantiated (outside the allowlist)
         self.depth = depth
         # a tuple of at most 3 items holding a global (TUPLE1/2/3, TUPLE): its items, for the calls whose verdict
         # depends on which argument is which (`copyreg._reconstructor(cls, base, state)`)
         self.parts = parts
+        # for a dict built by DICT / SETITEM(S) from a known container: the globals inside that are stored under a
+        # name the unpickler looks up and calls once the dict is a BUILD state (`policy.HOOK_NAMES`, or a key that
+        # is not a literal str); None when the value is not such a dict (all its taint counts)
+        self.hook: frozenset[str] | None = None
+        # made by an inert constructor that may return a str (`policy.STR_MAKERS`): as a dict key it may spell a hook
+        self.strish = False
 
 
-_THROUGH_CALL, _THROUGH_NEW, _RECONSTRUCT = 2, 1, 3
+_THROUGH_CALL, _THROUGH_NEW, _RECONSTRUCT, _THROUGH_CLASS = (
+    THROUGH_CALL_KIND, THROUGH_NEW_KIND, RECONSTRUCT_KIND, THROUGH_CLASS_KIND)
 
 
 _EMPTY: frozenset[str] = frozenset()
@@ -99,10 +107,13 @@ def _tuple_of(items: list[object]) -> _Val:
 class Stop(Exception):
     """The current segment cannot be walked further (malformed, or `limit`: a resource bound was hit)."""
 
-    def __init__(self, message: str, offset: int, limit: bool = False) -> None:
+    def __init__(self, message: str, offset: int, limit: bool = False, claim: bool = False) -> None:
         super().__init__(message)
         self.offset = offset
         self.limit = limit
+        # a length claim past the end of the data (the rest does not exist) rather than a bound of the scanner's own
+        # (opcodes, stack, nesting, memo, globals, line length): after one of those the rest was not judged
+        self.claim = claim
 
 
 class Source:
@@ -170,7 +181,8 @@ def _length_claim(name: str, offset: int, claimed: int, remaining: int, total: i
     """A length field pointing past the data: a resource-bound violation when the claim is absurd for the stream
     (beyond 4 GiB or 16× the whole pickle), otherwise plain truncation."""
     if claimed > (1 << 32) or claimed > 16 * total:
-        return Stop(f"{name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset, limit=True)
+        return Stop(f"{name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset, limit=True,
+                    claim=True)
     return Stop(f"truncated: {name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset)
 
 
