@@ -1,5 +1,6 @@
 """Hostile mutation operators for the fuzz suite (issue 18): member-name case, duplicate members, a second central
-directory, nested pickles in tensor storages, storage paths leaving the checkpoint dir, huge numbers, deep nesting.
+directory, nested pickles in tensor storages, storage paths leaving the checkpoint dir, huge numbers, deep nesting,
+hooks installed by a BUILD state and called implicitly (issue 24).
 
 Each takes (rng, root, target, files, dirs) like the operators of `test_fuzz.py` and returns a description, or None
 when it does not apply. The payload never runs (ckptinspect never executes it); the fuzz suite only checks that
@@ -152,5 +153,42 @@ def op_deep_nesting(rng: random.Random, root: Path, t: Path | None, files: list[
     return f"nesting {n} deep in {p.relative_to(root)}"
 
 
+def _s(text: str) -> bytes:
+    b = text.encode()
+    return b"\x8c" + bytes([len(b)]) + b
+
+
+def op_implicit_call(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                     dirs: list[Path]) -> str | None:
+    """A first BUILD on an inert carrier installs a callable as `__setstate__` / `append` / `extend` / `add` (as a
+    dict or slot state, through the memo, or under a computed key); the next opcode calls it (issue 24)."""
+    cands = [f for f in _pt_files(files) if f.suffix == ".pt"]
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    entries = _entries(p)
+    if not entries:
+        return None
+    carrier = rng.choice([b"collections\nOrderedDict", b"argparse\nNamespace", b"types\nSimpleNamespace"])
+    module, name = carrier.split(b"\n")
+    make = _s(module.decode()) + _s(name.decode()) + b"\x93)R"
+    fn = _s("builtins") + _s("print") + b"\x93"
+    hook = rng.choice(["__setstate__", "append", "extend", "add"])
+    call = {"__setstate__": _s("x") + b"b", "append": _s("x") + b"a", "extend": b"(" + _s("x") + b"e",
+            "add": b"(" + _s("x") + b"\x90"}[hook]
+    how = rng.choice(["dict", "slots", "memo", "computed"])
+    if how == "dict":
+        state = b"}" + _s(hook) + fn + b"sb"
+    elif how == "slots":
+        state = b"N}" + _s(hook) + fn + b"s\x86b"
+    elif how == "memo":
+        make, state = b"}\x94" + _s(hook) + fn + b"s0" + make, b"h\x00b"
+    else:
+        state = b"}" + _s("builtins") + _s("str") + b"\x93" + _s(hook) + b"\x85R" + fn + b"sb"
+    body = b"\x80\x04" + make + state + call + b"."
+    p.write_bytes(write_zip([(nm, body if nm.endswith("/data.pkl") else d) for nm, d in entries]))
+    return f"{hook} installed on {name.decode()} ({how}) in {p.relative_to(root)}"
+
+
 HOSTILE_OPS = [op_member_case, op_duplicate_member, op_second_directory, op_pickle_in_storage, op_path_out_of_dir,
-               op_huge_numbers, op_deep_nesting]
+               op_huge_numbers, op_deep_nesting, op_implicit_call]

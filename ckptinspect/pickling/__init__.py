@@ -1,8 +1,20 @@
 """Pickle handling, the lowest layer above the model: nothing from a checkpoint is ever executed.
 
-- `unpickle.py`: the only unpickler (allowlisting; globals become inert stand-ins), its bounds and report;
-- `allowlist.py`: the global classification (allowed / dangerous / unknown);
-- `builders.py`: stand-in values for allowlisted torch/numpy constructors; `plain.py`: stand-ins to plain values;
-- `walk.py` + `opcodes.py`: the opcode walker (no unpickling at all) and its opcode table;
-- `torch_archive.py`: `torch.save` zip archives (directory, `data.pkl`, storages).
+The verdict:
+- `policy.py`: THE rule that judges a global (`resolve(module, name)`), asked by every reader below: Python 2 and
+  dotted names as the unpickler would resolve them, what calling the result may run;
+- `allowlist.py`: which names may be referenced (allowed / dangerous / unknown); `callables.py`: which may be
+  called (inert constructors, plain data classes, what `THROUGH` helpers do with their arguments);
+- `walk.py` (entry points, `PickleWalk`), `engine.py` (the opcode loop), `judge.py` (what each global reference and
+  call means, implicit calls through unpickler hooks included), `walkstate.py` (stack values, byte source) and
+  `opcodes.py` (the opcode table): the opcode walker, which builds no object and gives the verdict;
+- `candidates.py` + `zipdir.py`: every pickle any zip reader could take from an archive (members, byte strings,
+  tensor storages).
+
+Reading:
+- `unpickle.py`: the only unpickler (allowlisting; globals become inert stand-ins), its bounds and `PickleReport`;
+- `standins.py`, `builders.py` (stand-in values for allowlisted torch / numpy / builtin constructors), `plain.py`
+  (stand-ins to plain values);
+- `torch_archive.py`: `torch.save` zip archives (directory, `data.pkl`, storages);
+- `stream_*.py`: the streaming evaluator behind the DCP `.metadata` reader (`formats/dcp_stream.py`).
 """
