@@ -140,6 +140,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK602", "warning", None, "safety", "pickle references a global outside the allowlist"),
         _c("CK603", "error", "corrupt", "safety", "pickle or archive exceeds the reader's resource bounds"),
         _c("CK604", "error", "unsafe", "safety", "pickle calls a global that is not an inert constructor (not executed)"),
+        _c("CK605", "error", "unsafe", "safety", "TorchScript archive: torch.load would hand it to torch.jit.load, which runs its code"),
         _c("CK701", "warning", None, "args", "no training args found in the checkpoint"),
         _c("CK702", "warning", None, "args", "args disagree with the on-disk layout"),
         _c("CK801", "info", None, "estimate", "weights written by DP rank 0 alone; a fully parallel save spreads them"),

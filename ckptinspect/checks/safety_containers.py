@@ -4,7 +4,8 @@ A container is a raw pickle or a `torch.save` zip archive: a whole file, or a st
 `.distcp`. An archive's `*.pkl` members are walked, and members that are zip archives themselves are opened in turn
 (nested, bounded depth). The bytes of a data file no stored item covers are split at their zip end records and the
 candidates opened as archives. Every pickle walked becomes a `PickleScan` plus its findings (CK601 dangerous, CK602
-outside the allowlist, CK603 beyond the bounds, or the location's code when it cannot be walked). Nothing is
+outside the allowlist, CK603 beyond the bounds, or the location's code when it cannot be walked); a TorchScript archive
+is CK605. Nothing is
 unpickled: pickles go through `pickling.walk.walk_pickle` only.
 """
 
@@ -18,7 +19,7 @@ from typing import IO, Any
 
 from ckptinspect.findings import Finding
 from ckptinspect.model import frozen
-from ckptinspect.pickling.candidates import archive_walks, blob_walks
+from ckptinspect.pickling.candidates import Walked, archive_walks, blob_walks
 from ckptinspect.formats._files import called_finding
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
@@ -159,10 +160,7 @@ class ContainerScan:
             walk = walk_pickle(data)
             self.walked(where, None, walk, len(data))
             for w in blob_walks(data, walk, "pickle", 1):
-                if w.walk is not None:
-                    self.walked(where, w.where, w.walk, w.size)
-                else:
-                    self.bound(where, f"{w.where}: {w.problem}")
+                self.candidate(where, w)
             return True
         if not head:
             self.problem(where, "empty: no archive and no pickle", where.unreadable_code)
@@ -170,6 +168,21 @@ class ContainerScan:
             self.problem(where, f"neither a torch zip archive nor a pickle (starts with {head[:4]!r})",
                          where.unreadable_code)
         return False
+
+    def candidate(self, where: Where, w: Walked) -> None:
+        """Record one candidate of `archive_walks` / `blob_walks`: a TorchScript archive (CK605), a walked pickle,
+        a bound hit (CK603), or a member that cannot be read."""
+        if w.torchscript:
+            loc = where.file + (f" [{where.offset}, +{where.length})" if where.in_file else "")
+            self.findings.append(Finding(
+                "CK605", f"{where.subject}: {loc} is a {w.problem} (record {w.where}; not executed)", where.subject,
+                where.label, {"file": where.file, "offset": where.offset, "length": where.length, "member": w.where}))
+        elif w.walk is not None:
+            self.walked(where, w.where, w.walk, w.size)
+        elif w.limit:
+            self.bound(where, f"{w.where}: {w.problem}")
+        else:
+            self.problem(where, f"{w.where} unreadable: {w.problem}", where.unreadable_code)
 
     def bound(self, where: Where, message: str) -> None:
         self.findings.append(Finding("CK603", f"{where.subject}: {message}", where.subject, where.label,
@@ -189,12 +202,7 @@ class ContainerScan:
         if depth == 0 and not any(is_pickle_member(m.name) for m in members):
             self.problem(where, "zip archive without a .pkl member (not a torch.save archive)", where.unreadable_code)
         for w in walks:
-            if w.walk is not None:
-                self.walked(where, w.where, w.walk, w.size)
-            elif w.limit:
-                self.bound(where, f"{w.where}: {w.problem}")
-            else:
-                self.problem(where, f"{w.where} unreadable: {w.problem}", where.unreadable_code)
+            self.candidate(where, w)
         for m in members:
             # A nested archive needs at least a local header and an end record; torch's own small members
             # (`version`, `byteorder`, ...) and its storages (`data/N`, raw tensor bytes) are skipped.

@@ -149,6 +149,8 @@ def _read_common(
         findings.append(
             Finding("CK105", f"common state item unreadable: {e}", COMMON_STATE_KEY, label, {"cause": e.code})
         )
+        if e.code == "CK605":  # a TorchScript archive: DCP's torch.load would run it (the safety check skips this item)
+            findings.append(Finding(e.code, f"{COMMON_STATE_KEY}: {e}", COMMON_STATE_KEY, label))
         if isinstance(e.report, PickleReport):
             findings.extend(pickle_findings(e.report, COMMON_STATE_KEY, label))
         return None, COMMON_STATE_KEY, findings

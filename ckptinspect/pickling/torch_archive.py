@@ -50,7 +50,8 @@ def is_zip_archive(head: bytes) -> bool:
 def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None) -> TorchArchive:
     """Read the torch archive at [offset, offset+length) of `f` (whole file when length is None).
 
-    Raises `ReadError` (CK206/CK205) when it is not a torch zip archive, `LimitExceeded` on a zip bomb.
+    Raises `ReadError` (CK206/CK205) when it is not a torch zip archive, CK605 when it is a TorchScript archive,
+    `LimitExceeded` on a zip bomb.
     """
     if length is None:
         f.seek(0, os.SEEK_END)
@@ -72,6 +73,9 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
     for w in walks:
         if w.walk is not None:
             report.merge_walk(w.walk, w.where)
+    script = next((w for w in walks if w.torchscript), None)
+    if script is not None:  # what torch.load does with it is no unpickling: torch.jit.load runs its code
+        raise _with(ReadError(f"{script.where}: {script.problem} (not executed)", "CK605"), report)
     limits = [w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)]
     if limits:
         w = limits[0]
