@@ -1,6 +1,6 @@
 """The container half of the pickle-safety scan (`safety_scan.py`): walking one container and recording what it holds.
 
-A container is a raw pickle or a `torch.save` zip archive: a whole file, or a stored item's byte range inside a
+A container is a raw pickle, a `torch.save` zip archive or a pre-1.6 `torch.save` tar file: a whole file, or a stored item's byte range inside a
 `.distcp`. An archive's `*.pkl` members are walked, and members that are zip archives themselves are opened in turn
 (nested, bounded depth). The bytes of a data file no stored item covers are split at their zip end records and the
 candidates opened as archives. Every pickle walked becomes a `PickleScan` plus its findings (CK601 dangerous, CK602
@@ -23,6 +23,7 @@ from ckptinspect.pickling.candidates import Walked, archive_walks, blob_walks
 from ckptinspect.formats._files import called_finding
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.pickling.tar_archive import tar_walks
 from ckptinspect.pickling.torch_archive import is_main_pickle
 from ckptinspect.pickling.walk import PickleWalk, is_pickle_start, walk_pickle, walk_stream
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PREWALK_MAX_BYTES
@@ -148,6 +149,14 @@ class ContainerScan:
         head = f.read(min(4, where.length))
         if head[:4] == ZIP_LOCAL:
             return self.archive(f, where, 0)
+        tar = tar_walks(f, where.offset, where.length)
+        if tar is not None:  # pre-1.6 `torch.save` tar file (`pickling.tar_archive`)
+            walks, problem = tar
+            for w in walks:
+                self.candidate(where, w)
+            if problem is not None:
+                self.problem(where, problem, where.unreadable_code)
+            return True
         if is_pickle_start(head[:2]):
             if where.length > MAX_PICKLE_BYTES:
                 self.bound(where, f"pickle of {where.length} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
