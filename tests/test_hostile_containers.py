@@ -8,18 +8,21 @@ the real loader in one subprocess (the marker must appear): the verdict is about
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ckptinspect.capabilities.audit.audit import audit
 from ckptinspect.capabilities.scan.scan import scan_path
 from ckptinspect.findings import Finding, Status
+from fuzz_hostile_ops import op_tar_container, op_torchscript_member
 from hostile_samples import (payload, relay_item, run_real_loaders, torch_save_bytes, torch_tar_bytes,
                              torchscript_bytes)
 
@@ -166,3 +169,38 @@ def test_a_truncated_tar_is_a_clean_corrupt(judged: dict[str, Judged]) -> None:
                             text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert "Traceback" not in result.stderr, result.stderr[-1000:]
     assert result.returncode == 1, (result.returncode, result.stdout[-500:], result.stderr[-500:])
+
+
+# --- the fuzz operators of these containers (tests/fuzz_hostile_ops.py) ------------------------------------------------
+
+
+def _applied(op: Any, want: str, tmp_path: Path) -> Path:
+    """A copy of the legacy sample after `op`, with the first seed whose description contains `want`."""
+    for seed in range(200):
+        work = tmp_path / f"case{seed}"
+        shutil.copytree(SAMPLES / "legacy" / "iter_0000001", work)
+        files = sorted(p for p in work.rglob("*") if p.is_file())
+        desc = op(random.Random(seed), work, None, files, [])
+        if desc is not None and want in desc:
+            return work
+        shutil.rmtree(work)
+    raise AssertionError(f"{op.__name__} never gave {want!r}")
+
+
+def test_the_fuzz_torchscript_member_operator_is_ck605(tmp_path: Path) -> None:
+    work = _applied(op_torchscript_member, "constants.pkl", tmp_path)
+    for report in (scan_path(work, "s"), audit(work)):
+        assert report.status is Status.UNSAFE and "CK605" in _codes(tuple(report.findings)), report.findings
+
+
+@pytest.mark.parametrize("kind", ["evil-pickle", "evil-storages"])
+def test_the_fuzz_tar_container_operator_with_a_payload_is_unsafe(kind: str, tmp_path: Path) -> None:
+    work = _applied(op_tar_container, f"({kind})", tmp_path)
+    for report in (scan_path(work, "s"), audit(work)):
+        assert report.status is Status.UNSAFE, report.findings
+        assert _codes(tuple(report.findings)) & {"CK601", "CK604"}, report.findings
+
+
+def test_the_fuzz_tar_container_operator_keeps_a_benign_pickle_benign(tmp_path: Path) -> None:
+    work = _applied(op_tar_container, "(benign)", tmp_path)
+    assert not _codes(tuple(scan_path(work, "s").findings)) & (UNSAFE_CODES | {"CK206"})

@@ -17,7 +17,6 @@ found the pickle inert. Bounded: member headers, records per member, the size of
 from __future__ import annotations
 
 import io
-import struct
 import tarfile
 from typing import IO, Any
 
@@ -160,12 +159,12 @@ def _payload(member: IO[bytes], name: str, args: Any, pos: int) -> int | str:
         raw = member.read(8)
         if len(raw) < 8:
             return "storage element count truncated"
-        (n,) = struct.unpack("<q", raw)
+        n = int.from_bytes(raw, "little", signed=True)
         return 8 + n * elem if n >= 0 else f"negative storage element count {n}"
     raw = member.read(8)
     if len(raw) < 8:
         return "tensor ndim truncated"
-    (ndim,) = struct.unpack("<i", raw[:4])
+    ndim = int.from_bytes(raw[:4], "little", signed=True)
     if not 0 <= ndim <= MAX_NDIM:
         return f"tensor ndim {ndim} outside [0, {MAX_NDIM}]"
     return 8 + 16 * ndim + 8
