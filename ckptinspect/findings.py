@@ -142,6 +142,8 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK604", "error", "unsafe", "safety", "pickle calls a global that is not an inert constructor (not executed)"),
         _c("CK605", "error", "unsafe", "safety", "pickle not judged to its end: a bound of the scanner's was hit (fail "
            "closed)"),
+        _c("CK606", "error", "unsafe", "safety", "TorchScript archive: torch.load would hand it to torch.jit.load, which runs "
+           "its code"),
         _c("CK701", "warning", None, "args", "no training args found in the checkpoint"),
         _c("CK702", "warning", None, "args", "args disagree with the on-disk layout"),
         _c("CK801", "info", None, "estimate", "weights written by DP rank 0 alone; a fully parallel save spreads them"),

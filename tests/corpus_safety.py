@@ -46,6 +46,15 @@ def _unjudged_common_pt(ckpt: Path, ctx: Ctx) -> None:
     (ckpt / "common.pt").write_bytes(bytes(blob))
 
 
+def _torchscript_common_pt(ckpt: Path, ctx: Ctx) -> None:
+    """common.pt gains a `constants.pkl` record: torch.load hands such a zip to torch.jit.load (CK606)."""
+    from hostile_samples import write_zip, zip_entries
+
+    entries = zip_entries((ckpt / "common.pt").read_bytes())
+    prefix = next(n for n, _ in entries if n.endswith("/data.pkl"))[: -len("data.pkl")]
+    (ckpt / "common.pt").write_bytes(write_zip(entries + [(prefix + "constants.pkl", pickle.dumps((), protocol=2))]))
+
+
 def _hostile_metadata_bare(ckpt: Path, ctx: Ctx) -> None:
     (ckpt / ".metadata").write_bytes(pickle.dumps(Hostile(ctx.marker), protocol=2))
 
@@ -113,4 +122,5 @@ SAFETY_CASES: tuple[Case, ...] = (
     Case("deeply_nested_legacy_pt", legacy(_legacy_pt("mp_rank_00_001", _nest(600))), "corrupt", S({"CK603"}), sources=LEG,
          subprocess=True),
     Case("unjudged_member_common_pt", td2(_unjudged_common_pt), "unsafe", S({"CK605"}), sources=TD, subprocess=True),
+    Case("torchscript_common_pt", td2(_torchscript_common_pt), "unsafe", S({"CK606"}), sources=TD, subprocess=True),
 )

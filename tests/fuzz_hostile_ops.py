@@ -1,6 +1,7 @@
 """Hostile mutation operators for the fuzz suite (issue 18): member-name case, duplicate members, a second central
-directory, nested pickles in tensor storages, storage paths leaving the checkpoint dir, huge numbers, deep nesting,
-hooks installed by a BUILD state and called implicitly (issue 24).
+directory, nested pickles in tensor storages, storage paths leaving the checkpoint dir, huge numbers, deep nesting;
+(issue 24) hooks installed by a BUILD state and called implicitly, a TorchScript `constants.pkl` member, a `.pt` file
+re-wrapped as a pre-1.6 tar container.
 
 Each takes (rng, root, target, files, dirs) like the operators of `test_fuzz.py` and returns a description, or None
 when it does not apply. The payload never runs (ckptinspect never executes it); the fuzz suite only checks that
@@ -9,8 +10,10 @@ every command ends cleanly (exit 0/1, valid JSON, no hang, no change to the file
 
 from __future__ import annotations
 
+import io
 import pickle
 import random
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -190,5 +193,58 @@ def op_implicit_call(rng: random.Random, root: Path, t: Path | None, files: list
     return f"{hook} installed on {name.decode()} ({how}) in {p.relative_to(root)}"
 
 
+def op_torchscript_member(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                          dirs: list[Path]) -> str | None:
+    """Add `<archive>/constants.pkl` (what `torch.jit.save` writes: a pickled tuple) to a `.pt` file, and maybe a
+    `code/` member: torch.load would hand the archive to torch.jit.load (CK606)."""
+    picked = _pick_pt(rng, files)
+    main = next((n for n, _ in picked[1] if n.endswith("/data.pkl")), None) if picked else None
+    if picked is None or main is None:
+        return None
+    p, entries = picked
+    prefix = main[: -len("data.pkl")]
+    extra = [(prefix + "constants.pkl", pickle.dumps((), protocol=2))]
+    if rng.random() < 0.5:
+        extra.append((prefix + "code/__torch__.py", b"class M(Module):\n  __parameters__ = []\n"))
+    at = rng.randrange(len(entries) + 1)
+    p.write_bytes(write_zip(entries[:at] + extra + entries[at:]))
+    return f"TorchScript member {prefix}constants.pkl in {p.relative_to(root)}"
+
+
+def tar_container(main: bytes, storages: bytes = b"\x80\x02K\x00.\x80\x02]q\x00.",
+                  tensors: bytes = b"\x80\x02K\x00.") -> bytes:
+    """The pre-1.6 `torch.save` tar layout (torch/serialization.py `_legacy_load`): `storages` (no storage, no
+    views), `tensors` (none) and `pickle` = `main`."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("storages", storages), ("tensors", tensors), ("pickle", main)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def op_tar_container(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                     dirs: list[Path]) -> str | None:
+    """Re-wrap a `.pt` file as a pre-1.6 tar container: its `data.pkl` (or a payload, in `pickle` or in the
+    `storages` record count) as the tar's pickles; sometimes truncated."""
+    picked = _pick_pt(rng, files)
+    main = next((d for n, d in picked[1] if n.endswith("/data.pkl")), None) if picked else None
+    if picked is None or main is None:
+        return None
+    p = picked[0]
+    kind = rng.choice(["benign", "evil-pickle", "evil-storages", "truncated"])
+    if kind == "evil-pickle":
+        data = tar_container(_evil())
+    elif kind == "evil-storages":
+        data = tar_container(main, storages=_evil())
+    else:
+        data = tar_container(main)
+    if kind == "truncated":
+        data = data[: rng.randrange(513, 2048)]
+    p.write_bytes(data)
+    return f"tar container ({kind}) in place of {p.relative_to(root)}"
+
+
 HOSTILE_OPS = [op_member_case, op_duplicate_member, op_second_directory, op_pickle_in_storage, op_path_out_of_dir,
-               op_huge_numbers, op_deep_nesting, op_implicit_call]
+               op_huge_numbers, op_deep_nesting, op_implicit_call, op_torchscript_member, op_tar_container]

@@ -237,3 +237,86 @@ def uint8_tensor_of(data: bytes) -> Any:
     import torch
 
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+# --- TorchScript archives (torch.load hands them to torch.jit.load) ----------------------------------------------------
+
+
+def torchscript_bytes(marker: Path | None, disguise: bool = True) -> bytes:
+    """A `torch.jit.save` archive. With a marker: a module whose TorchScript `__setstate__` creates `marker` when
+    `torch.jit.load` (hence `torch.load`) loads it; `disguise` renames its class `__torch__.Touch` to
+    `argparse.Namespace` (code in `code/argparse.py`), so `data.pkl` is an allowlisted create-and-fill
+    (`argparse.Namespace()` + BUILD) that no pickle judge flags. Without a marker: a benign scripted `nn.Linear`."""
+    import torch
+
+    buf = io.BytesIO()
+    if marker is None:
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), buf)
+        return buf.getvalue()
+    from torchscript_payload import Touch
+
+    torch.jit.save(torch.jit.script(Touch(str(marker))), buf)
+    if not disguise:
+        return buf.getvalue()
+    old = "__torch__.torchscript_payload.Touch"
+    out = []
+    for name, data in zip_entries(buf.getvalue()):
+        if name.endswith(".debug_pkl"):
+            continue  # debug info names the original class; torch.jit.load does without it
+        if name.endswith("code/__torch__/torchscript_payload.py"):
+            name = name.replace("code/__torch__/torchscript_payload.py", "code/argparse.py")
+            data = data.replace(old.encode(), b"argparse.Namespace").replace(b"class Touch(", b"class Namespace(")
+        elif name.endswith("/data.pkl"):
+            data = data.replace(b"c__torch__.torchscript_payload\nTouch\n", b"cargparse\nNamespace\n")
+        out.append((name, data))
+    return write_zip(out)
+
+
+# --- pre-1.6 tar checkpoints (torch 2.13 reads them, no longer writes them) --------------------------------------------
+
+
+def torch_tar_bytes(state: dict[str, Any], main_pickle: bytes | None = None) -> bytes:
+    """`state` (tensors at its top level) in the pre-1.6 tar layout exactly as torch 2.13's reader takes it
+    (torch/serialization.py `_legacy_load`, inner `legacy_load`): members `storages` (pickle of their count; per
+    storage a pickle `(key, location, storage type)`, int64 element count, the elements; a pickle of the views),
+    `tensors` (pickle of their count; per tensor a pickle `(key, storage key, tensor type)`, int32 ndim, 4 pad bytes,
+    int64 sizes, int64 strides, int64 storage offset) and `pickle` (the object, tensors as persistent ids = their
+    keys). Every pickle is written by torch's own pickler settings (`pickle`, protocol 2, `persistent_id`).
+    `main_pickle` replaces the `pickle` member."""
+    import tarfile
+
+    import torch
+
+    tensors = [(k, v) for k, v in state.items() if isinstance(v, torch.Tensor)]
+    assert all(t.is_contiguous() for _, t in tensors)
+    storages = io.BytesIO()
+    storages.write(pickle.dumps(len(tensors), protocol=2))
+    tensor_part = io.BytesIO()
+    tensor_part.write(pickle.dumps(len(tensors), protocol=2))
+    keys: dict[int, int] = {}
+    for i, (_, t) in enumerate(tensors):
+        storage_type = {torch.float32: torch.FloatStorage, torch.int64: torch.LongStorage}[t.dtype]
+        storages.write(pickle.dumps((i, "cpu", storage_type), protocol=2))
+        storages.write(struct.pack("<q", t.numel()) + t.numpy().tobytes())
+        key = len(tensors) + i  # one namespace with the storage keys (`deserialized_objects`)
+        keys[id(t)] = key
+        tensor_part.write(pickle.dumps((key, i, torch.FloatTensor), protocol=2))
+        tensor_part.write(struct.pack("<i", t.dim()) + b"\0" * 4 + struct.pack(f"<{t.dim()}q", *t.shape)
+                          + struct.pack(f"<{t.dim()}q", *t.stride()) + struct.pack("<q", 0))
+    storages.write(pickle.dumps([], protocol=2))
+    if main_pickle is None:
+        class _Pickler(pickle.Pickler):
+            def persistent_id(self, obj: Any) -> Any:
+                return keys[id(obj)] if isinstance(obj, torch.Tensor) else None
+
+        buf = io.BytesIO()
+        _Pickler(buf, protocol=2).dump(state)
+        main_pickle = buf.getvalue()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("storages", storages.getvalue()), ("tensors", tensor_part.getvalue()),
+                           ("pickle", main_pickle)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()

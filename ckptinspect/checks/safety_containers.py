@@ -1,11 +1,11 @@
 """The container half of the pickle-safety scan (`safety_scan.py`): walking one container and recording what it holds.
 
-A container is a raw pickle or a `torch.save` zip archive: a whole file, or a stored item's byte range inside a
-`.distcp`. An archive's `*.pkl` members are walked, and members that are zip archives themselves are opened in turn
+A container is a raw pickle, a `torch.save` zip archive or a pre-1.6 `torch.save` tar file (`pickling.tar_archive`):
+a whole file, or a stored item's byte range inside a `.distcp`. An archive's `*.pkl` members are walked, and members that are zip archives themselves are opened in turn
 (nested, bounded depth). The bytes of a data file no stored item covers are split at their zip end records and the
 candidates opened as archives. Every pickle walked becomes a `PickleScan` plus its findings (CK601 dangerous, CK602
-outside the allowlist, CK603 beyond the bounds, or the location's code when it cannot be walked). Nothing is
-unpickled: pickles go through `pickling.walk.walk_pickle` only.
+outside the allowlist, CK603 / CK605 beyond the bounds, or the location's code when it cannot be walked); a TorchScript
+archive is CK606. Nothing is unpickled: pickles go through `pickling.walk.walk_pickle` only.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import IO, Any
 
 from ckptinspect.findings import Finding
 from ckptinspect.model import frozen
-from ckptinspect.pickling.candidates import archive_walks, blob_walks
+from ckptinspect.pickling.candidates import Walked, archive_walks, blob_walks
 from ckptinspect.formats._files import called_finding
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.pickling.tar_archive import tar_walks
 from ckptinspect.pickling.torch_archive import is_main_pickle
 from ckptinspect.pickling.walk import PickleWalk, is_pickle_start, walk_pickle, walk_stream
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PREWALK_MAX_BYTES
@@ -151,6 +152,14 @@ class ContainerScan:
         head = f.read(min(4, where.length))
         if head[:4] == ZIP_LOCAL:
             return self.archive(f, where, 0)
+        tar = tar_walks(f, where.offset, where.length)
+        if tar is not None:  # pre-1.6 `torch.save` tar file (`pickling.tar_archive`)
+            walks, problem = tar
+            for w in walks:
+                self.candidate(where, w)
+            if problem is not None:
+                self.problem(where, problem, where.unreadable_code)
+            return True
         if is_pickle_start(head[:2]):
             if where.length > MAX_PICKLE_BYTES:
                 self.bound(where, f"pickle of {where.length} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
@@ -163,10 +172,7 @@ class ContainerScan:
             walk = walk_pickle(data)
             self.walked(where, None, walk, len(data))
             for w in blob_walks(data, walk, "pickle", 1):
-                if w.walk is not None:
-                    self.walked(where, w.where, w.walk, w.size)
-                else:
-                    self.bound(where, f"{w.where}: {w.problem}")
+                self.candidate(where, w)
             return True
         if not head:
             self.problem(where, "empty: no archive and no pickle", where.unreadable_code)
@@ -174,6 +180,21 @@ class ContainerScan:
             self.problem(where, f"neither a torch zip archive nor a pickle (starts with {head[:4]!r})",
                          where.unreadable_code)
         return False
+
+    def candidate(self, where: Where, w: Walked) -> None:
+        """Record one candidate of `archive_walks` / `blob_walks`: a TorchScript archive (CK606), a walked pickle,
+        a bound hit (CK603), or a member that cannot be read."""
+        if w.torchscript:
+            loc = where.file + (f" [{where.offset}, +{where.length})" if where.in_file else "")
+            self.findings.append(Finding(
+                "CK606", f"{where.subject}: {loc} is a {w.problem} (record {w.where}; not executed)", where.subject,
+                where.label, {"file": where.file, "offset": where.offset, "length": where.length, "member": w.where}))
+        elif w.walk is not None:
+            self.walked(where, w.where, w.walk, w.size)
+        elif w.limit:
+            self.bound(where, f"{w.where}: {w.problem}")
+        else:
+            self.problem(where, f"{w.where} unreadable: {w.problem}", where.unreadable_code)
 
     def bound(self, where: Where, message: str) -> None:
         """A member or byte string that was not judged because a bound of the scanner's was hit (zip bomb, nesting,
@@ -196,12 +217,7 @@ class ContainerScan:
         if depth == 0 and not any(is_pickle_member(m.name) for m in members):
             self.problem(where, "zip archive without a .pkl member (not a torch.save archive)", where.unreadable_code)
         for w in walks:
-            if w.walk is not None:
-                self.walked(where, w.where, w.walk, w.size)
-            elif w.limit:
-                self.bound(where, f"{w.where}: {w.problem}")
-            else:
-                self.problem(where, f"{w.where} unreadable: {w.problem}", where.unreadable_code)
+            self.candidate(where, w)
         for m in members:
             # A nested archive needs at least a local header and an end record; torch's own small members
             # (`version`, `byteorder`, ...) and its storages (`data/N`, raw tensor bytes) are skipped.

@@ -169,7 +169,7 @@ def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, Sto
     return ScanReport(label, status_of(findings), tuple(findings), tuple(s.pickles))
 
 
-_SAFETY_CODES = frozenset({"CK601", "CK602", "CK603", "CK604", "CK605"})
+_SAFETY_CODES = frozenset({"CK601", "CK602", "CK603", "CK604", "CK605", "CK606"})
 
 
 def stored_items(tensors: Iterable[Tensor], objects: Iterable[ObjectItem]) -> Iterator[tuple[str, StoredItem]]:

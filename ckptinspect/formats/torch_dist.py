@@ -73,7 +73,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     common, common_source, common_findings = _read_common(path, label, md)
     findings.extend(common_findings)
     if common is None and (md is not None or zarr) and not any(
-            f.code in ("CK601", "CK604", "CK206", "CK105", "CK603", "CK605") for f in common_findings):
+            f.code in ("CK601", "CK604", "CK206", "CK105", "CK603", "CK605", "CK606") for f in common_findings):
         findings.append(
             Finding(
                 "CK105",
@@ -149,6 +149,8 @@ def _read_common(
         findings.append(
             Finding("CK105", f"common state item unreadable: {e}", COMMON_STATE_KEY, label, {"cause": e.code})
         )
+        if e.code == "CK606":  # a TorchScript archive: DCP's torch.load would run it (the safety check skips this item)
+            findings.append(Finding(e.code, f"{COMMON_STATE_KEY}: {e}", COMMON_STATE_KEY, label))
         if isinstance(e.report, PickleReport):
             findings.extend(pickle_findings(e.report, COMMON_STATE_KEY, label))
         return None, COMMON_STATE_KEY, findings

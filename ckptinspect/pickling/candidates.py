@@ -9,6 +9,9 @@
 - byte strings inside a pickle that hold a pickle or a zip archive (a pickled `io.BytesIO` of a `torch.save`, which
   TE < 2.0 hands to `torch.load`), recursively up to `MAX_NESTED_BLOBS` levels.
 Nested pickles that would run nothing are not listed (tensor bytes that happen to look like a pickle are data).
+An archive with a `constants.pkl` record is a TorchScript archive: `torch.load` hands it to `torch.jit.load`, which runs
+its code whatever its pickles say; it is listed as a `Walked` of its own (`torchscript`), so `audit` (`torch_archive`)
+and `scan` (`checks/safety_containers`) both report it.
 """
 
 from __future__ import annotations
@@ -18,25 +21,29 @@ from dataclasses import dataclass
 from typing import IO
 
 from ckptinspect.pickling.walk import PickleWalk, is_pickle_start, walk_pickle, walk_stream
-from ckptinspect.pickling.zipdir import LOCAL, ZipMember, is_pickle_member, member_bytes, zip_members
+from ckptinspect.pickling.zipdir import (
+    LOCAL, ZipMember, is_pickle_member, is_torchscript_record, member_bytes, zip_members,
+)
 
 MAX_MEMBER_PICKLE = 1 << 30  # a `.pkl` member, inflated
 MAX_STORAGE_PICKLE = 1 << 30  # a tensor storage walked as a pickle (streamed)
 MAX_NESTED_BLOBS = 3
 MAX_BLOB_BYTES = 256 << 20
+TORCHSCRIPT = "TorchScript archive: torch.load would hand it to torch.jit.load, which runs its code"
 
 
 @dataclass(frozen=True, slots=True)
 class Walked:
     """One pickle found in an archive. where: the member (``archive/data.pkl``, ``archive/data/3``, with
     ``!blob@offset`` for a byte string inside), size: its bytes, problem: why it could not be walked (then walk is
-    None)."""
+    None), torchscript: the archive is a TorchScript one (where: its `constants.pkl` record; CK606)."""
 
     where: str
     walk: PickleWalk | None
     size: int
     problem: str | None = None
     limit: bool = False
+    torchscript: bool = False
 
 
 def archive_walks(f: IO[bytes], offset: int, length: int,
@@ -44,6 +51,9 @@ def archive_walks(f: IO[bytes], offset: int, length: int,
     """(pickles walked, every member, why the directory is unreadable) for the zip archive at [offset, +length)."""
     members, why = zip_members(f, offset, length)
     out: list[Walked] = []
+    script = next((m for m in members if is_torchscript_record(m.name)), None)
+    if script is not None:
+        out.append(Walked(script.name, None, script.size, TORCHSCRIPT, torchscript=True))
     for m in members:
         if is_pickle_member(m.name):
             if m.size > MAX_MEMBER_PICKLE:
@@ -100,8 +110,9 @@ def blob_walks(data: bytes, walk: PickleWalk, where: str, depth: int) -> list[Wa
                 continue
         if blob[:4] == LOCAL:
             inner, _, _ = archive_walks(io.BytesIO(blob), 0, len(blob), depth + 1)
-            out.extend(Walked(f"{label}!{w.where}", w.walk, w.size, w.problem, w.limit) for w in inner
-                       if w.limit or (w.walk is not None and (w.walk.unsafe or w.walk.limit is not None)))
+            out.extend(Walked(f"{label}!{w.where}", w.walk, w.size, w.problem, w.limit, w.torchscript) for w in inner
+                       if w.limit or w.torchscript
+                       or (w.walk is not None and (w.walk.unsafe or w.walk.limit is not None)))
         elif is_pickle_start(blob[:2]):
             inner_walk = walk_pickle(blob)
             if inner_walk.unsafe or inner_walk.limit is not None:

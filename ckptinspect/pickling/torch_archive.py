@@ -19,6 +19,7 @@ from typing import IO, Any
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.safeio import FileSlice, open_regular
 from ckptinspect.pickling.candidates import archive_walks
+from ckptinspect.pickling.tar_archive import tar_walks
 from ckptinspect.pickling.walk import is_pickle_start, walk_stream
 from ckptinspect.pickling.zipdir import local_data_start
 from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error
@@ -50,7 +51,8 @@ def is_zip_archive(head: bytes) -> bool:
 def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None) -> TorchArchive:
     """Read the torch archive at [offset, offset+length) of `f` (whole file when length is None).
 
-    Raises `ReadError` (CK206/CK205) when it is not a torch zip archive, `LimitExceeded` on a zip bomb.
+    Raises `ReadError` (CK206/CK205) when it is not a torch zip archive, CK606 when it is a TorchScript archive,
+    `LimitExceeded` on a zip bomb.
     """
     if length is None:
         f.seek(0, os.SEEK_END)
@@ -59,6 +61,23 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
     head = view.peek(4)[:4]
     report = PickleReport()
     if not is_zip_archive(head):
+        tar = tar_walks(view, 0, length)
+        if tar is not None:
+            # Pre-1.6 tar format: torch.load unpickles its members' pickles with the plain unpickler.
+            walks, problem = tar
+            for w in walks:
+                if w.walk is not None:
+                    report.merge_walk(w.walk, w.where)
+            limit = next((w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)), None)
+            if limit is not None and not report.unsafe:
+                raise _with(LimitExceeded(f"tar member {limit.where}: "
+                                          f"{limit.problem or (limit.walk.limit if limit.walk else '')}", "CK603"),
+                            report)
+            broken = problem or next((f"tar member {w.where}: {w.problem or (w.walk.error if w.walk else '')}"
+                                      for w in walks if w.problem or (w.walk is not None and w.walk.error)), None)
+            raise _with(ReadError("legacy (pre-1.6) tar torch serialization: its pickles were walked, its state is "
+                                  f"not read{'; ' + broken if broken else ''}", "CK206"), report)
+        view.seek(0)
         if is_pickle_start(head[:2]):
             # torch.load takes any file that does not start with a zip local header for a legacy (pre-1.6) save and
             # unpickles its first pickles with the plain unpickler: judge them before refusing the format.
@@ -72,6 +91,9 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
     for w in walks:
         if w.walk is not None:
             report.merge_walk(w.walk, w.where)
+    script = next((w for w in walks if w.torchscript), None)
+    if script is not None:  # what torch.load does with it is no unpickling: torch.jit.load runs its code
+        raise _with(ReadError(f"{script.where}: {script.problem} (not executed)", "CK606"), report)
     limits = [w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)]
     if limits:
         w = limits[0]

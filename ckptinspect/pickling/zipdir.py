@@ -148,6 +148,15 @@ def _zip64(extra: bytes, usize: int, csize: int, header: int) -> tuple[int, int,
     return usize, csize, header
 
 
+def is_torchscript_record(name: str) -> bool:
+    """A member that makes `torch.load` hand the archive to `torch.jit.load` (which compiles and runs its code):
+    torch/serialization.py `_is_torchscript_zip` is ``"constants.pkl" in zip_file.get_all_records()``, the member
+    names without the archive's top directory (caffe2/serialize/inline_container.cc `getAllRecords`), compared
+    exactly."""
+    _, sep, record = name.partition("/")
+    return bool(sep) and record == "constants.pkl"
+
+
 def is_pickle_member(name: str) -> bool:
     """A member a reader may unpickle: `data.pkl` in any letter case (miniz), or any other `.pkl` member."""
     return name.lower().endswith(".pkl")
