@@ -19,7 +19,7 @@ from typing import IO, Any
 from ckptinspect.findings import Finding
 from ckptinspect.model import frozen
 from ckptinspect.pickling.candidates import Walked, archive_walks, blob_walks
-from ckptinspect.formats._files import called_finding
+from ckptinspect.pickling.report import safety_findings
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.tar_archive import tar_walks
@@ -117,21 +117,8 @@ class ContainerScan:
         details: dict[str, Any] = {"file": where.file, "offset": where.offset, "length": where.length}
         if member:
             details["member"] = member
-        dangerous = sorted(q for q, v in verdicts.items() if v is GlobalClass.DANGEROUS)
-        called = {q: at for q, at in walk.called.items() if q not in dangerous}
-        unknown = sorted(q for q, v in verdicts.items() if v is GlobalClass.UNKNOWN and q not in called)
-        if called:
-            self.findings.append(called_finding(called, subject, where.label, f"{subject}: pickle in {loc}",
-                                                details))
-        if dangerous:
-            self.findings.append(Finding(
-                "CK601", f"{subject}: pickle in {loc} references dangerous callable(s) {', '.join(dangerous)}"
-                " (not executed)", subject, where.label, {**details, "globals": dangerous}))
-        if unknown:
-            self.findings.append(Finding(
-                "CK602", f"{subject}: pickle in {loc} references global(s) outside the allowlist: "
-                f"{', '.join(unknown)} (kept opaque, not executed)", subject, where.label,
-                {**details, "globals": unknown}))
+        self.findings.extend(safety_findings(verdicts, walk.called, subject, where.label,
+                                             f"{subject}: pickle in {loc}", details))
         if walk.limit is not None and walk.unjudged:
             self.findings.append(Finding("CK605", f"{subject}: pickle in {loc} was not judged to its end, a bound of "
                                          f"the scanner's was hit: {walk.limit} (fail closed: what follows may run "

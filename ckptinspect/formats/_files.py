@@ -10,7 +10,7 @@ from typing import BinaryIO
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.pickling.allowlist import GlobalClass
+from ckptinspect.pickling.report import safety_findings
 from ckptinspect.safeio import file_size, open_regular
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_archive
@@ -137,39 +137,5 @@ class ItemFiles:
 
 
 def pickle_findings(report: PickleReport, subject: str, path: str) -> list[Finding]:
-    """CK601 / CK602 findings for what one unpickling referenced (nothing was executed)."""
-    out: list[Finding] = []
-    dangerous = report.dangerous
-    if dangerous:
-        out.append(
-            Finding(
-                "CK601",
-                f"{subject}: pickle references dangerous callable(s) {', '.join(dangerous)} (not executed)",
-                subject, path, {"globals": dangerous},
-            )
-        )
-    called = {q: at for q, at in report.called.items() if q not in dangerous}
-    if called:
-        out.append(called_finding(called, subject, path, f"{subject}: pickle"))
-    unknown = [g for g, v in report.globals.items() if v is GlobalClass.UNKNOWN and g not in called]
-    if unknown:
-        out.append(
-            Finding(
-                "CK602",
-                f"{subject}: pickle references global(s) outside the allowlist: {', '.join(sorted(unknown))} "
-                "(kept opaque, not executed)",
-                subject, path, {"globals": sorted(unknown)},
-            )
-        )
-    return out
-
-
-def called_finding(called: dict[str, str], subject: str, path: str | None, what: str,
-                   details: dict[str, object] | None = None) -> Finding:
-    """CK604: the pickle calls globals that are not inert constructors (the real loader would run them)."""
-    names = sorted(called)
-    return Finding(
-        "CK604", f"{what} calls {', '.join(names)}, which {'is' if len(names) == 1 else 'are'} not an inert "
-        "constructor: torch.load / pickle.load would run it (not executed here)", subject, path,
-        {**(details or {}), "globals": names, "calls": {q: called[q] for q in names}},
-    )
+    """CK601 / CK604 / CK602 findings for what one unpickling referenced and called (nothing was executed)."""
+    return safety_findings(report.globals, report.called, subject, path, f"{subject}: pickle")
