@@ -24,9 +24,10 @@ MAX_ITEMS = 20_000
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format in (None, Format.TORCH):
         return  # legacy .pt files are unpickled (and reported) by the reader
+    bounds: dict[tuple[str, int], int] = {}  # decode bounds of stream-transformed tensor items
     if ctx.deep:
-        items = [(k, it) for k, it in stored_items(ckpt.tensors, ckpt.objects) if k != COMMON_STATE_KEY]
+        items = [(k, it) for k, it in stored_items(ckpt.tensors, ckpt.objects, bounds) if k != COMMON_STATE_KEY]
     else:
         items = [(o.key, o.storage) for o in ckpt.objects if o.storage is not None and o.key != COMMON_STATE_KEY]
         items = items[:MAX_ITEMS]
-    yield from scan_stored_items(location(ckpt.path), ckpt.path, items).findings
+    yield from scan_stored_items(location(ckpt.path), ckpt.path, items, bounds=bounds).findings

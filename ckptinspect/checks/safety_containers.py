@@ -86,6 +86,8 @@ class Where:
     length: int
     unreadable_code: str | None  # the code for "cannot be walked"; None = a note only (unreferenced bytes)
     in_file: bool = False  # a region of a data file (a stored item), not a whole file
+    # DCP stream transforms undone (`formats/transforms.py`): offset is the stored item's, length its decoded size
+    transforms: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -112,8 +114,11 @@ class ContainerScan:
                                        {q: v.value for q, v in verdicts.items()}, walk.segments,
                                        walk.limit or walk.error))
         loc = where.file + (f" [{where.offset}, +{where.length})" if where.in_file else "")
+        loc += f" decoded from {'+'.join(where.transforms)}" if where.transforms else ""
         loc += f" {member}" if member else ""
         details: dict[str, Any] = {"file": where.file, "offset": where.offset, "length": where.length}
+        if where.transforms:
+            details["transforms"] = list(where.transforms)
         if member:
             details["member"] = member
         dangerous = sorted(q for q, v in verdicts.items() if v is GlobalClass.DANGEROUS)
