@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from ckptinspect.findings import Finding
 from ckptinspect.model import frozen
-from ckptinspect.pickling.candidates import archive_walks, blob_walks
+from ckptinspect.pickling.candidates import EXTRA_STATE, archive_walks, blob_walks
 from ckptinspect.formats._files import called_finding
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
@@ -184,7 +184,9 @@ class ContainerScan:
         """Scan a zip archive: every pickle any zip reader could take from it (`pickling.candidates.archive_walks`: member
         name case, duplicates, second central directories, prepended bytes, pickles in tensor storages and byte
         strings), and members that are archives themselves."""
-        walks, members, why = archive_walks(f, where.offset, where.length)
+        # A TE `_extra_state` item: Megatron-Core / TE decode its tensor's bytes with `pickle.loads` (any protocol).
+        walks, members, why = archive_walks(f, where.offset, where.length,
+                                            extra_state=EXTRA_STATE in where.subject)
         if not members:
             self.problem(where, f"not a readable zip archive ({why})", where.unreadable_code)
             return False
