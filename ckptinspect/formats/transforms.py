@@ -119,7 +119,7 @@ class Shifted(io.RawIOBase):
 
 def _unzstd(src: IO[bytes], bound: int, desc: str | None) -> IO[bytes]:
     zstandard = _zstandard()
-    out: IO[bytes] = tempfile.SpooledTemporaryFile(SPOOL_BYTES)  # type: ignore[assignment]
+    out: IO[bytes] = tempfile.SpooledTemporaryFile(SPOOL_BYTES)
     try:
         if desc is None:
             reader: Any = src
