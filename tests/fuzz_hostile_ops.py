@@ -1,7 +1,7 @@
 """Hostile mutation operators for the fuzz suite (issue 18): member-name case, duplicate members, a second central
-directory, nested pickles in tensor storages, storage paths leaving the checkpoint dir, huge numbers, deep nesting;
-(issue 24) hooks installed by a BUILD state and called implicitly, a TorchScript `constants.pkl` member, a `.pt` file
-re-wrapped as a pre-1.6 tar container.
+directory, nested pickles in tensor storages (protocol 0/1 too), storage paths leaving the checkpoint dir, huge numbers,
+deep nesting, stream-compressed (zstd) stored items and their hostile variants; (issue 24) hooks installed by a BUILD
+state and called implicitly, a TorchScript `constants.pkl` member, a `.pt` file re-wrapped as a pre-1.6 tar container.
 
 Each takes (rng, root, target, files, dirs) like the operators of `test_fuzz.py` and returns a description, or None
 when it does not apply. The payload never runs (ckptinspect never executes it); the fuzz suite only checks that
@@ -246,5 +246,94 @@ def op_tar_container(rng: random.Random, root: Path, t: Path | None, files: list
     return f"tar container ({kind}) in place of {p.relative_to(root)}"
 
 
+def op_protocol0_pickle(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                        dirs: list[Path]) -> str | None:
+    """A protocol 0 or 1 pickle (no PROTO header: it starts with an opcode) over the start of a tensor storage, the
+    way a TE `_extra_state` tensor holds one (Megatron-Core decodes those with `pickle.loads`, any protocol)."""
+    cands = _pt_files(files)
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    data = bytearray(p.read_bytes())
+    at = data.find(b"/data/", rng.randrange(max(1, len(data))))
+    at = data.find(b"/data/") if at < 0 else at
+    if at < 0:
+        return None
+    start = data.find(b"\x00", at) + 1
+    protocol = rng.choice([0, 1])
+    payload = pickle.dumps({"x": Reduce(print, ("fuzz payload, never run",))}, protocol=protocol)
+    if start <= 0 or start + len(payload) > len(data):
+        return None
+    data[start : start + len(payload)] = payload
+    p.write_bytes(bytes(data))
+    return f"protocol-{protocol} pickle in a tensor storage of {p.relative_to(root)} at {start}"
+
+
+class _MetadataOnly(pickle.Unpickler):
+    """Reads a DCP `.metadata` the fuzzer may already have mutated: only the classes a `.metadata` is made of are
+    resolved (a mutated one holding anything else is left alone), so a payload an earlier operator wrote never runs
+    in the test process."""
+
+    _MODULES = ("torch.distributed.checkpoint.", "megatron.core.dist_checkpointing.")
+
+    def find_class(self, module: str, name: str) -> object:
+        import torch
+
+        if module.startswith(self._MODULES) or (module, name) in {("collections", "OrderedDict"),
+                                                                   ("torch", "Size"), ("builtins", "set"),
+                                                                   ("torch.serialization", "_get_layout"),
+                                                                   ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")} or (
+                module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                              torch.memory_format))):
+            import torch.distributed.checkpoint  # noqa: F401 - the classes the pickle names
+
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not a .metadata class")
+
+
+def op_compressed_item(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                       dirs: list[Path]) -> str | None:
+    """One stored item re-written zstd-compressed, as `FileSystemWriter(_extensions=[ZStandard()])` writes it (its
+    `_StorageInfo.transform_descriptors` = ``["stream.zstd/1"]``), or as a hostile variant: an unknown descriptor,
+    a truncated stream, a decompression bomb (a few KB decoding to 64 MiB)."""
+    try:
+        import zstandard
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+    except ImportError:
+        return None
+    mds = [f for f in files if f.name == ".metadata" and f.is_file() and not f.is_symlink()]
+    if not mds:
+        return None
+    p = rng.choice(mds)
+    try:
+        with open(p, "rb") as fh:
+            md = _MetadataOnly(fh).load()
+        storage = dict(md.storage_data)
+    except Exception:  # noqa: BLE001 - a mutated .metadata: not this operator's case
+        return None
+    if not storage:
+        return None
+    index = rng.choice(sorted(storage, key=lambda i: (i.fqn, str(i.offset))))
+    info = storage[index]
+    data_file = p.parent / str(info.relative_path)
+    if not data_file.is_file() or data_file.is_symlink() or ".." in str(info.relative_path):
+        return None
+    with open(data_file, "rb") as fh:
+        fh.seek(info.offset)
+        raw = fh.read(info.length)
+    variant = rng.choice(["zstd", "zstd", "unknown", "truncated", "bomb"])
+    blob = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20) if variant == "bomb" else raw)
+    if variant == "truncated":
+        blob = blob[: max(1, len(blob) // 2)]
+    offset = data_file.stat().st_size
+    with open(data_file, "ab") as fh:
+        fh.write(blob)
+    md.storage_data[index] = _StorageInfo(info.relative_path, offset, len(blob),
+                                          ["stream.lz4/1" if variant == "unknown" else "stream.zstd/1"])
+    p.write_bytes(pickle.dumps(md))
+    return f"compressed item ({variant}) {index.fqn} in {p.relative_to(root)}"
+
+
 HOSTILE_OPS = [op_member_case, op_duplicate_member, op_second_directory, op_pickle_in_storage, op_path_out_of_dir,
-               op_huge_numbers, op_deep_nesting, op_implicit_call, op_torchscript_member, op_tar_container]
+               op_huge_numbers, op_deep_nesting, op_protocol0_pickle, op_compressed_item, op_implicit_call,
+               op_torchscript_member, op_tar_container]

@@ -116,3 +116,82 @@ def test_build_on_a_stand_in_class_changes_nothing_for_later_loads(target: bytes
 
     state = to_plain(common.obj)
     assert isinstance(state, dict) and "args" in state and len(state) > 2
+
+
+# --- pickles of any protocol in `_extra_state` tensors (issue 24 §2) -----------------------------------------------
+
+
+def _proto_payload(marker: Path, protocol: int) -> bytes:
+    """`os.system("touch marker")` pickled with protocol 0 or 1: no PROTO header, it starts with the GLOBAL opcode."""
+    import os
+
+    from hostile_samples import Reduce
+
+    data = pickle.dumps(Reduce(os.system, (f"touch {marker}",)), protocol=protocol)
+    assert data[:1] == b"c"
+    return data
+
+
+def _dcp_extra_state_tensor(ckpt: Path, data: bytes) -> tuple[Path, int, int]:
+    """A plain DCP save (real `dcp.save`) whose TE `_extra_state` is a tensor item of `data`: (file, offset, length)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from hostile_samples import uint8_tensor_of
+
+    key = "layers.0.self_attention.linear_qkv._extra_state"
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"layers.0.weight": torch.ones(4), key: uint8_tensor_of(data)}, checkpoint_id=ckpt)
+    md = pickle.loads((ckpt / ".metadata").read_bytes())
+    info = next(v for k, v in md.storage_data.items() if k.fqn == key)
+    return ckpt / info.relative_path, info.offset, info.length
+
+
+@pytest.mark.parametrize("protocol", [0, 1])
+def test_a_protocol_0_or_1_pickle_in_an_extra_state_tensor_runs_under_the_real_decoder_and_is_unsafe(
+        tmp_path: Path, protocol: int) -> None:
+    jobs, cases = [], []
+    m = tmp_path / "ran-torch_dist"
+    ckpt = tmp_path / "torch_dist" / "iter_0000001"
+    shutil.copytree(SAMPLES / "torch_dist_fully" / "iter_0000001", ckpt)
+    f, off, n = relay_item(ckpt, EXTRA_KEY, torch_save_bytes(uint8_tensor_of(_proto_payload(m, protocol))))
+    jobs.append(("extra_state", [str(f), str(off), str(n)]))
+    cases.append((ckpt, m))
+    m = tmp_path / "ran-dcp"
+    ckpt = tmp_path / "dcp"
+    f, off, n = _dcp_extra_state_tensor(ckpt, _proto_payload(m, protocol))
+    jobs.append(("extra_state", [str(f), str(off), str(n)]))
+    cases.append((ckpt, m))
+    for ckpt, m in cases:
+        s, a = scan_path(ckpt, "s"), audit(ckpt)
+        assert not m.exists()
+        assert s.status is Status.UNSAFE, s.findings
+        assert a.status is Status.UNSAFE, a.findings
+        assert "CK601" in {f.code for f in s.findings} & {f.code for f in a.findings}
+    run_real_loaders(jobs)
+    for _, m in cases:
+        assert m.exists(), "Megatron-Core's extra-state decoding (pickle.loads) did not run the payload"
+
+
+def test_protocol_0_looking_bytes_are_data_outside_extra_state_and_clean_ones_inside_pass(tmp_path: Path) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    # a clean protocol-0 extra state, and an ordinary uint8 tensor whose bytes are a protocol-0 pickle calling
+    # os.system: nothing decodes a weight with pickle.loads, so it is data (no walk, no finding)
+    ckpt = tmp_path / "dcp"
+    evil = pickle.dumps(("cos\nsystem\n",), protocol=0)
+    _dcp_extra_state_tensor(ckpt, pickle.dumps({"scale": [1.0, 2.0], "recipe": None}, protocol=0))
+    weights = tmp_path / "weights"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"embedding.weight": uint8_tensor_of(b"cos\nsystem\n(S'true'\ntR." + evil)}, checkpoint_id=weights)
+    for p in (ckpt, weights):
+        assert scan_path(p, "s").status is Status.COMPLETE
+        assert audit(p).status is Status.COMPLETE

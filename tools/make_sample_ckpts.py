@@ -19,6 +19,7 @@ Python API (importable by path; importing is cheap, torch/megatron load only in 
     build_samples(root="sample_ckpts", only=None, verify=False) -> {name: seconds}
     padded_vocab_size(vocab_size, make_vocab_size_divisible_by, tp) -> int
     SAMPLES  # {name: make_checkpoint kwargs} of the committed samples
+    make_dcp_zstd(out_dir)  # sample_ckpts/dcp_zstd: a zstd-compressed DCP save (DIRECT_SAMPLES)
 
 One process per rank (torch.multiprocessing spawn, gloo, 127.0.0.1, a free port).  The
 world size is tp*pp*dp for torch_dist/legacy and dp for dcp.  The actual checkpoint writing
@@ -373,6 +374,36 @@ RELEASE_SAMPLES = {
 }
 
 
+def make_dcp_zstd(out_dir: str) -> str:
+    """``sample_ckpts/dcp_zstd/``: one plain torch DCP checkpoint dir (no step dir, one process, no process group)
+    written by ``dcp.save(state, storage_writer=FileSystemWriter(out_dir, _extensions=[ZStandard()]))`` (torch
+    2.13.0, ``zstandard`` 0.25.0): every stored item, byte items and tensor archives alike, zstd-compressed, its
+    ``_StorageInfo.transform_descriptors == ["stream.zstd/1"]``. Seeded tensors, a few KB."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    g = torch.Generator().manual_seed(1234)
+    state = {
+        "model": {"embedding.weight": torch.randn(16, 8, generator=g), "head.bias": torch.zeros(16),
+                  "norm.weight": torch.ones(8, dtype=torch.bfloat16)},
+        "optimizer": {"step": 10, "lr": 1e-3, "betas": (0.9, 0.95)},
+        "rng": torch.Generator().manual_seed(1234).get_state(),
+        "extra": {"iteration": 10, "consumed_samples": 640},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group": a single-process save
+        dcp.save(state, storage_writer=FileSystemWriter(out_dir, _extensions=[ZStandard()]))
+    return out_dir
+
+
+# Samples written directly by torch in this process (no Megatron, no spawn): name -> writer(out_dir).
+DIRECT_SAMPLES = {"dcp_zstd": make_dcp_zstd}
+
+
 def _installed_release() -> str:
     from importlib.metadata import version
 
@@ -411,6 +442,17 @@ def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True,
                 print(f"[make_sample_ckpts] {d}: {timings[name]:.1f}s", flush=True)
             if verify and kw["format"] != "dcp" and not set(kw) & set(LAYOUT_DEFAULTS):
                 verify_checkpoint(d, timeout=timeout, **kw)
+        for name, writer in DIRECT_SAMPLES.items():
+            if only and name not in only:
+                continue
+            d = os.path.join(root, name)
+            if os.path.isdir(d):
+                shutil.rmtree(d)
+            t0 = time.monotonic()
+            writer(d)
+            timings[name] = time.monotonic() - t0
+            if verbose:
+                print(f"[make_sample_ckpts] {d}: {timings[name]:.1f}s", flush=True)
     finally:
         os.chdir(prev_cwd)
     return timings
@@ -419,7 +461,7 @@ def build_samples(root: str = "sample_ckpts", only=None, verbose: bool = True,
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="save dir to write (omit to rebuild sample_ckpts/)")
-    p.add_argument("--only", nargs="*", choices=sorted({*SAMPLES, *RELEASE_SAMPLES}),
+    p.add_argument("--only", nargs="*", choices=sorted({*SAMPLES, *RELEASE_SAMPLES, *DIRECT_SAMPLES}),
                    help="with no --out: rebuild only these samples")
     p.add_argument("--format", default="torch_dist", choices=FORMATS)
     p.add_argument("--tp", type=int, default=2)

@@ -4,7 +4,8 @@ The readers already report what `.metadata`, `common.pt`, the common-state item 
 (CK601 / CK602). This check walks the opcodes of every other stored item's pickles (`safety_scan.scan_stored_items`: no
 object is built, nothing is executed) and reports the same codes, plus CK603 for pickles past the resource bounds.
 A giant checkpoint holds millions of tensor archives: without `--deep` only the byte items (rng state, extra state,
-optimizer misc — where a hostile payload would hide) are walked, up to `MAX_ITEMS`; `--deep` and `scan` walk all.
+optimizer misc — where a hostile payload would hide) and the tensor items of TE `_extra_state` keys (decoded with
+`pickle.loads`) are walked, up to `MAX_ITEMS`; `--deep` and `scan` walk all.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ckptinspect.formats.torch_dist import COMMON_STATE_KEY
 from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format
 from ckptinspect.checks.safety_scan import scan_stored_items, stored_items
+from ckptinspect.pickling.candidates import EXTRA_STATE
 
 MAX_ITEMS = 20_000
 
@@ -24,9 +26,12 @@ MAX_ITEMS = 20_000
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format in (None, Format.TORCH):
         return  # legacy .pt files are unpickled (and reported) by the reader
+    bounds: dict[tuple[str, int], int] = {}  # decode bounds of stream-transformed tensor items
     if ctx.deep:
-        items = [(k, it) for k, it in stored_items(ckpt.tensors, ckpt.objects) if k != COMMON_STATE_KEY]
+        items = [(k, it) for k, it in stored_items(ckpt.tensors, ckpt.objects, bounds) if k != COMMON_STATE_KEY]
     else:
         items = [(o.key, o.storage) for o in ckpt.objects if o.storage is not None and o.key != COMMON_STATE_KEY]
-        items = items[:MAX_ITEMS]
-    yield from scan_stored_items(location(ckpt.path), ckpt.path, items).findings
+        # TE `_extra_state` saved as a tensor item (plain DCP): decoded with `pickle.loads` on load, so walked too
+        extra = [t for t in ckpt.tensors if EXTRA_STATE in t.key]
+        items = (items + list(stored_items(extra, (), bounds)))[:MAX_ITEMS]
+    yield from scan_stored_items(location(ckpt.path), ckpt.path, items, bounds=bounds).findings

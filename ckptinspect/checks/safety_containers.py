@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from ckptinspect.findings import Finding
 from ckptinspect.model import frozen
-from ckptinspect.pickling.candidates import Walked, archive_walks, blob_walks
+from ckptinspect.pickling.candidates import EXTRA_STATE, Walked, archive_walks, blob_walks
 from ckptinspect.pickling.report import safety_findings
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
@@ -87,6 +87,8 @@ class Where:
     length: int
     unreadable_code: str | None  # the code for "cannot be walked"; None = a note only (unreferenced bytes)
     in_file: bool = False  # a region of a data file (a stored item), not a whole file
+    # DCP stream transforms undone (`formats/transforms.py`): offset is the stored item's, length its decoded size
+    transforms: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -113,8 +115,11 @@ class ContainerScan:
                                        {q: v.value for q, v in verdicts.items()}, walk.segments,
                                        walk.limit or walk.error))
         loc = where.file + (f" [{where.offset}, +{where.length})" if where.in_file else "")
+        loc += f" decoded from {'+'.join(where.transforms)}" if where.transforms else ""
         loc += f" {member}" if member else ""
         details: dict[str, Any] = {"file": where.file, "offset": where.offset, "length": where.length}
+        if where.transforms:
+            details["transforms"] = list(where.transforms)
         if member:
             details["member"] = member
         self.findings.extend(safety_findings(verdicts, walk.called, subject, where.label,
@@ -194,7 +199,9 @@ class ContainerScan:
         """Scan a zip archive: every pickle any zip reader could take from it (`pickling.candidates.archive_walks`: member
         name case, duplicates, second central directories, prepended bytes, pickles in tensor storages and byte
         strings), and members that are archives themselves."""
-        walks, members, why = archive_walks(f, where.offset, where.length)
+        # A TE `_extra_state` item: Megatron-Core / TE decode its tensor's bytes with `pickle.loads` (any protocol).
+        walks, members, why = archive_walks(f, where.offset, where.length,
+                                            extra_state=EXTRA_STATE in where.subject)
         if not members:
             self.problem(where, f"not a readable zip archive ({why})", where.unreadable_code)
             return False

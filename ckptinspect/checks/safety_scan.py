@@ -6,16 +6,19 @@ directories. Nothing is unpickled: pickles go through `pickling.walk.walk_pickle
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from ckptinspect.checks.safety_containers import ContainerScan, PickleScan, Where
-from ckptinspect.errors import ReadError
+from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.findings import Finding, Status, status_of
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
-from ckptinspect.model import ObjectItem, StoredItem, Tensor
+from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Shifted, Undecodable, decode_item, tensor_bound
+from ckptinspect.model import ObjectItem, StoredItem, Tensor, dtype_size
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
 from ckptinspect.pickling.walk import walk_pickle
 from ckptinspect.safeio import Window, file_identity, file_size, open_regular
@@ -52,6 +55,8 @@ class FileScan(ContainerScan):
     `.distcp` with its stored items). `capabilities.scan.scan._Scan` adds the walk over directories."""
 
     located: set[tuple[int, int] | str] = field(default_factory=set)  # data files scanned through `.metadata` items
+    # (file, offset) of a stream-transformed tensor item -> the most bytes it may decode to (`decode_bounds`)
+    bounds: dict[tuple[str, int], int] = field(default_factory=dict)
 
     # --- files ------------------------------------------------------------------------------------------------
 
@@ -134,13 +139,12 @@ class FileScan(ContainerScan):
                     self.problem(where, f"stored item [{item.offset}, {item.end}) lies past the end of {name} "
                                         f"({size} bytes)", "CK202")
                     continue
-                if item.transforms:
-                    self.problem(where, f"stored item uses stream transforms {list(item.transforms)}: not scanned",
-                                 "CK205")
-                    continue
                 covered.append((item.offset, item.end))
                 try:
-                    self.container(f, where)
+                    if item.transforms:
+                        self.transformed(f, where, item, self.bounds.get((name, item.offset), MAX_DECODED_BYTES))
+                    else:
+                        self.container(f, where)
                 except OSError as e:
                     self.problem(where, f"unreadable: {e.strerror or e}", "CK205")
             if gaps:
@@ -148,13 +152,36 @@ class FileScan(ContainerScan):
                     self.unreferenced(f, label, prefix + name, file_rel, start, end)
 
 
+    def transformed(self, f: IO[bytes], where: Where, item: StoredItem, bound: int) -> None:
+        """A stream-transformed stored item: decoded within `bound` (`formats/transforms.py`), then scanned as the
+        item DCP's reader hands to `torch.load`. Not decodable here (CK208), a decompression bomb (CK603) or a broken
+        stream (CK205): not scanned, and said so."""
+        try:
+            decoded = decode_item(f, item.offset, item.length, item.transforms, bound)
+        except Undecodable as e:
+            self.problem(where, f"{e}: not scanned", "CK208")
+            return
+        except LimitExceeded as e:
+            self.bound(where, f"{e}: not scanned")
+            return
+        except ReadError as e:
+            self.problem(where, f"{e}: not scanned", "CK205")
+            return
+        with decoded:
+            size = decoded.seek(0, os.SEEK_END)
+            self.container(Shifted(decoded, item.offset),  # type: ignore[arg-type]
+                           Where(where.label, where.subject, where.file, item.offset, size, where.unreadable_code,
+                                 True, item.transforms))
+
+
 def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, StoredItem]],
-                      report_unreadable: bool = False) -> ScanReport:
+                      report_unreadable: bool = False,
+                      bounds: dict[tuple[str, int], int] | None = None) -> ScanReport:
     """Scan the given stored items of a DCP checkpoint dir (for `audit`: byte items and tensor archives inside the
     `.distcp` files). With `report_unreadable` False only CK601/CK602/CK603 are reported: the storage checks already
     say which items are missing, truncated or not archives.
     """
-    s = FileScan(label)
+    s = FileScan(label, bounds=bounds or {})
     by_file: dict[str, list[tuple[str, StoredItem]]] = {}
     for key, item in items:
         by_file.setdefault(item.file, []).append((key, item))
@@ -169,26 +196,35 @@ def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, Sto
     return ScanReport(label, status_of(findings), tuple(findings), tuple(s.pickles))
 
 
-_SAFETY_CODES = frozenset({"CK601", "CK602", "CK603", "CK604", "CK605", "CK606"})
+# CK208: a stored item that could not be decoded was not scanned, whatever the storage checks say about it.
+_SAFETY_CODES = frozenset({"CK208", "CK601", "CK602", "CK603", "CK604", "CK605", "CK606"})
 
 
-def stored_items(tensors: Iterable[Tensor], objects: Iterable[ObjectItem]) -> Iterator[tuple[str, StoredItem]]:
+def stored_items(tensors: Iterable[Tensor], objects: Iterable[ObjectItem],
+                 bounds: dict[tuple[str, int], int] | None = None) -> Iterator[tuple[str, StoredItem]]:
     """(subject, item) for every byte item of `objects` and every chunk of `tensors` (the neutral model); a chunk's
-    subject is ``key@offsets``."""
+    subject is ``key@offsets``. `bounds` gets the decode bound of every stream-transformed chunk (its payload,
+    prod(sizes) x dtype, plus the archive around it)."""
     for o in objects:
         if o.storage is not None:
             yield o.key, o.storage
     for t in tensors:
+        size = dtype_size(t.dtype) if bounds is not None else None
         for c in t.chunks:
             if c.storage is not None:
+                if c.storage.transforms and bounds is not None:
+                    bounds[(c.storage.file, c.storage.offset)] = (
+                        tensor_bound(math.prod(c.sizes) * size) if size is not None else MAX_DECODED_BYTES)
                 yield f"{t.key}@{','.join(str(x) for x in c.offsets)}", c.storage
 
 
 # --- helpers -------------------------------------------------------------------------------------------------------
 
 
-def _items_by_file(data: bytes) -> dict[str, list[tuple[str, StoredItem]]]:
-    """Stored items of a `.metadata` (read with the allowlisting unpickler: nothing is executed), by file."""
+def _items_by_file(data: bytes, bounds: dict[tuple[str, int], int] | None = None
+                   ) -> dict[str, list[tuple[str, StoredItem]]]:
+    """Stored items of a `.metadata` (read with the allowlisting unpickler: nothing is executed), by file; `bounds`
+    as for `stored_items`."""
     try:
         md = read_dcp_metadata(data)
     except ReadError:
@@ -196,7 +232,7 @@ def _items_by_file(data: bytes) -> dict[str, list[tuple[str, StoredItem]]]:
     except Exception:  # noqa: BLE001 - a malformed .metadata only costs the item locations; its walk reported it
         return {}
     out: dict[str, list[tuple[str, StoredItem]]] = {}
-    for key, item in stored_items(md.tensors, md.objects):
+    for key, item in stored_items(md.tensors, md.objects, bounds):
         out.setdefault(item.file, []).append((key, item))
     return out
 

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.checks import CheckContext
-from ckptinspect.errors import ReadError
+from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.checks.columns import chunk_tensor_ids
 from ckptinspect.formats._files import ItemFiles
+from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Undecodable, tensor_bound
 from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format, ShardedBackend, StoredItem, dtype_size
 from ckptinspect.safeio import leaves_dir
@@ -214,9 +215,14 @@ def _items_by_position(ckpt: Checkpoint) -> Iterator[tuple[str, StoredItem, str 
 
 
 def _deep_one(files: ItemFiles, item: StoredItem, dtype: str | None, expected: int | None) -> str | None:
+    # A stream-transformed item is decoded up to what its tensor needs (any byte item: a fixed bound), through a
+    # spooled file (`formats/transforms.py`): memory stays bounded whatever the tensor's size.
+    bound = tensor_bound(expected) if expected is not None else MAX_DECODED_BYTES
     try:
-        archive = files.archive(item)
+        archive = files.archive(item, bound)
     except ReadError as e:
+        if item.transforms and (isinstance(e, (Undecodable, LimitExceeded))):
+            return None  # the safety check, which decodes the same item, reports CK208 / CK603 once
         return f"not a valid archive ({e})"
     if dtype is None:
         return None  # a byte item: a readable archive is all we can ask

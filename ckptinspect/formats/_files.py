@@ -10,6 +10,7 @@ from typing import BinaryIO
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
+from ckptinspect.formats.transforms import MAX_DECODED_BYTES, decode_item
 from ckptinspect.pickling.report import safety_findings
 from ckptinspect.safeio import file_size, open_regular
 from ckptinspect.pickling.unpickle import PickleReport
@@ -80,19 +81,26 @@ def _walk(root: Path, rel: str, recursive: bool, depth: int) -> Iterator[str]:
             yield name
 
 
-def read_item_archive(ckpt_dir: Path, item: StoredItem) -> TorchArchive:
-    """Open the torch archive stored at `item` (a byte item or a tensor chunk inside a `.distcp`)."""
-    if item.transforms:
-        raise ReadError(f"stored item uses stream transforms {item.transforms}, not supported", "CK205")
+def read_item_archive(ckpt_dir: Path, item: StoredItem, bound: int = MAX_DECODED_BYTES) -> TorchArchive:
+    """Open the torch archive stored at `item` (a byte item or a tensor chunk inside a `.distcp`). A
+    stream-transformed item is decoded first, up to `bound` bytes (`transforms.decode_item`: CK208 when it cannot
+    be, CK603 past the bound); its records' offsets are then those of the decoded archive."""
     path = ckpt_dir / item.file
     try:
         with open_regular(path, window=(item.offset, item.length)) as f:
             size = file_size(f)
             if item.offset < 0 or item.length < 0 or item.end > size:
                 raise ReadError(f"{item.file}: item [{item.offset}, {item.end}) past end of file ({size})", "CK202")
-            return read_torch_archive(f, item.offset, item.length)
+            return _archive_at(f, item, bound)
     except OSError as e:
         raise ReadError(f"cannot read {item.file}: {e.strerror or e}", "CK201") from e
+
+
+def _archive_at(f: BinaryIO, item: StoredItem, bound: int) -> TorchArchive:
+    if not item.transforms:
+        return read_torch_archive(f, item.offset, item.length)
+    with decode_item(f, item.offset, item.length, item.transforms, bound) as decoded:
+        return read_torch_archive(decoded)
 
 
 class ItemFiles:
@@ -116,10 +124,8 @@ class ItemFiles:
             self.f.close()
         self.f, self.name = None, None
 
-    def archive(self, item: StoredItem) -> TorchArchive:
+    def archive(self, item: StoredItem, bound: int = MAX_DECODED_BYTES) -> TorchArchive:
         """The torch archive stored at `item` (same errors as `read_item_archive`)."""
-        if item.transforms:
-            raise ReadError(f"stored item uses stream transforms {item.transforms}, not supported", "CK205")
         if item.file != self.name or self.f is None:
             self.close()
             try:
@@ -131,7 +137,7 @@ class ItemFiles:
         if item.offset < 0 or item.length < 0 or item.end > self.size:
             raise ReadError(f"{item.file}: item [{item.offset}, {item.end}) past end of file ({self.size})", "CK202")
         try:
-            return read_torch_archive(self.f, item.offset, item.length)
+            return _archive_at(self.f, item, bound)
         except OSError as e:
             raise ReadError(f"cannot read {item.file}: {e.strerror or e}", "CK201") from e
 

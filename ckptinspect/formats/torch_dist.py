@@ -73,7 +73,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     common, common_source, common_findings = _read_common(path, label, md)
     findings.extend(common_findings)
     if common is None and (md is not None or zarr) and not any(
-            f.code in ("CK601", "CK604", "CK206", "CK105", "CK603", "CK605", "CK606") for f in common_findings):
+            f.code in ("CK601", "CK604", "CK206", "CK105", "CK208", "CK603", "CK605", "CK606") for f in common_findings):
         findings.append(
             Finding(
                 "CK105",
@@ -145,9 +145,11 @@ def _read_common(
     try:
         archive = read_item_archive(path, item.storage)
     except ReadError as e:
-        # The storage checks report missing / truncated files; this says what it costs.
+        # The storage checks report missing / truncated files; this says what it costs. An item that cannot be
+        # decoded here (CK208: no zstd extra, unknown transform) is not known to be broken: it was not read.
+        code, what = ("CK208", "not read or scanned") if e.code == "CK208" else ("CK105", "unreadable")
         findings.append(
-            Finding("CK105", f"common state item unreadable: {e}", COMMON_STATE_KEY, label, {"cause": e.code})
+            Finding(code, f"common state item {what}: {e}", COMMON_STATE_KEY, label, {"cause": e.code})
         )
         if e.code == "CK606":  # a TorchScript archive: DCP's torch.load would run it (the safety check skips this item)
             findings.append(Finding(e.code, f"{COMMON_STATE_KEY}: {e}", COMMON_STATE_KEY, label))

@@ -173,6 +173,10 @@ def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
         rec_offset, rec_size, storage_offset, stride = next(iter(views))
         strides = stride if count and stride != _contiguous(shape) else None
         return _map(src.root / item.file, "<" + code, rec_offset, rec_size, storage_offset, shape, strides)
+    if item.transforms:
+        # The values are memory-mapped from the stored bytes; a stream-transformed item has no such bytes.
+        raise ReadError(f"{item.file}@{item.offset}: stream-transformed item ({', '.join(item.transforms)}): values "
+                        "not read")
     archive = read_item_archive(src.root, item)
     ref = archive.obj
     if not isinstance(ref, TensorRef):

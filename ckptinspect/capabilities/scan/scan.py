@@ -98,7 +98,7 @@ class _Scan(FileScan):
                 if name == ".metadata" and data is not None:
                     # Located with the allowlisting unpickler (nothing runs), and only after the walk found the
                     # pickle whole and within bounds: the C unpickler has no bound of its own on memo indices.
-                    items = _items_by_file(data)
+                    items = _items_by_file(data, self.bounds)
         for name in sorted(files):
             p = files[name]
             if name.endswith(PICKLE_SUFFIXES):
