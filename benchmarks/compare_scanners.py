@@ -627,6 +627,9 @@ def table(samples: list[Sample], summary: dict[str, Any]) -> str:
               + ("" if c1["pass"] else f" ({', '.join(c1['offending'])})"),
               f"ckptinspect has no false alarm on a benign case where all peers have none: "
               f"{'PASS' if c2['pass'] else 'FAIL'}" + ("" if c2["pass"] else f" ({', '.join(c2['offending'])})")]
+    lines.append("ckptinspect misses (live, not flagged): " + (", ".join(summary["ckptinspect_missed_all"]) or "none"))
+    lines.append("ckptinspect false alarms (benign, flagged): "
+                 + (", ".join(summary["ckptinspect_false_alarms_all"]) or "none"))
     if summary["hostile_not_live"]:
         lines.append(f"not live (excluded from the score): {', '.join(summary['hostile_not_live'])}")
     return "\n".join(lines)
