@@ -107,9 +107,10 @@ def _benign() -> dict[str, Callable[[], Any]]:
     import torch
 
     def optimizer_config() -> Any:
+        from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig
 
-        return OptimizerConfig()
+        return [OptimizerConfig(), DistributedDataParallelConfig()]
 
     def enums() -> Any:
         from megatron.core.enums import ModelType

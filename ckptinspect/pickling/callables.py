@@ -157,8 +157,13 @@ PLAIN_CLASSES: frozenset[tuple[str, str]] = frozenset(
         ("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan"),
         ("megatron.core.dist_checkpointing.tensor_aware_state_dict", "MCoreTensorAwareStateDict"),
         ("torch.distributed.checkpoint.storage", "WriteResult"),
-        # Megatron-Core `safe_globals.py` (0.16.1): the optimizer config dataclass, pickled as NEWOBJ + BUILD
+        # Megatron-Core `safe_globals.py` (0.16.1): the optimizer config dataclass, pickled as NEWOBJ + BUILD; and
+        # the other config dataclasses a training stack pickles beside it (NEWOBJ skips `__init__`, so their
+        # `__post_init__` never runs either)
         ("megatron.core.optimizer.optimizer_config", "OptimizerConfig"),
+        ("megatron.core.distributed.distributed_data_parallel_config", "DistributedDataParallelConfig"),
+        ("megatron.core.model_parallel_config", "ModelParallelConfig"),
+        ("megatron.core.transformer.transformer_config", "TransformerConfig"),
     }
 )
 
