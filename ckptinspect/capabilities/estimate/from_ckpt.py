@@ -179,6 +179,7 @@ def options_from(ckpt: Checkpoint) -> SaveOptions:
         optimizer=Optimizer.SGD if opt == "sgd" else Optimizer.ADAM,
         optim_sharding=sharding,
         files_per_rank=max(per_rank.values(), default=1),
+        save_optim=not bool(_arg(ckpt.args, "no_save_optim", False)),
     )
 
 

@@ -144,11 +144,11 @@ def torch_dist_items(m: ModelSpec, t: Target, o: SaveOptions, costs: ObjectCosts
         payload = c.numel * size
         items.append(WriteItem("model", payload, payload + TENSOR_ITEM_OVERHEAD, (c.param.key, c.offsets),
                                c.holders, c.main))
-        if not o.distributed_optimizer or o.optim_sharding is OptimSharding.FULLY_RESHARDABLE:
+        if o.save_optim and (not o.distributed_optimizer or o.optim_sharding is OptimSharding.FULLY_RESHARDABLE):
             for s in states:
                 items.append(WriteItem("optimizer", c.numel * FP32, c.numel * FP32 + TENSOR_ITEM_OVERHEAD,
                                        (f"optimizer.state.{s}.{c.param.key}", c.offsets), c.holders, c.main))
-    if o.distributed_optimizer and o.optim_sharding is not OptimSharding.FULLY_RESHARDABLE:
+    if o.save_optim and o.distributed_optimizer and o.optim_sharding is not OptimSharding.FULLY_RESHARDABLE:
         items.extend(_dp_sharded(t, all_copies, states, costs, o.optim_sharding))
     items.extend(_objects(m, t, costs))
     return items

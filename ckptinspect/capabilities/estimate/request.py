@@ -100,6 +100,7 @@ def _save(a: SaveArgs, base: SaveOptions | None) -> SaveOptions:
         distributed_optimizer=b.distributed_optimizer if a.distributed_optimizer is None else a.distributed_optimizer,
         optimizer=a.optimizer or b.optimizer, optim_sharding=a.optim_sharding or b.optim_sharding,
         files_per_rank=b.files_per_rank if a.files_per_rank is None else a.files_per_rank,
+        save_optim=b.save_optim,
     )
     if s.files_per_rank < 1:
         raise UsageError("--files-per-rank must be at least 1")

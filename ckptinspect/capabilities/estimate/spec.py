@@ -148,6 +148,8 @@ class SaveOptions:
 
     files_per_rank: `.distcp` files a rank writes (Megatron's `thread_count`: 2 in ≤0.16, 1 at HEAD; more with
         `--dist-ckpt-workers`).
+    save_optim: the optimizer state is saved (Megatron-LM's `--no-save-optim` turns it off: `save_checkpoint`
+        leaves `state_dict["optimizer"]` out).
     """
 
     format: SaveFormat = SaveFormat.TORCH_DIST
@@ -157,11 +159,13 @@ class SaveOptions:
     optimizer: Optimizer = Optimizer.ADAM
     optim_sharding: OptimSharding = OptimSharding.DP_RESHARDABLE
     files_per_rank: int = 1
+    save_optim: bool = True
 
     def to_dict(self) -> dict[str, object]:
         return {"format": self.format.value, "fully_parallel": self.fully_parallel, "async": self.async_save,
                 "distributed_optimizer": self.distributed_optimizer, "optimizer": self.optimizer.value,
-                "optim_sharding": self.optim_sharding.value, "files_per_rank": self.files_per_rank}
+                "optim_sharding": self.optim_sharding.value, "files_per_rank": self.files_per_rank,
+                "save_optim": self.save_optim}
 
 
 @dataclass(frozen=True, slots=True)
