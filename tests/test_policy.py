@@ -2,8 +2,10 @@
 and the streaming `.metadata` reader; implicit calls are calls; bounds fail closed; what real checkpoints carry is
 not a false alarm.
 
-Hostile samples are loaded for real (torch.load in one subprocess, `hostile_samples.run_real_loaders`) to prove the
-loader runs their payload (a marker file appears), then `audit` and `scan` must say `unsafe` without running it.
+Hostile samples are put in every container the tool reads (a legacy file, a torch_dist `common.pt`, a DCP byte item,
+an NVRx local file, a Megatron-Core 0.19 `common_state` item) and loaded for real (torch.load or DCP's load in one
+subprocess, `hostile_samples.run_real_loaders`) to prove the loader runs their payload (a marker file appears); then
+`audit` and `scan` must say `unsafe` without running it.
 Benign probes are built with the real libraries (torch 2.13, megatron-core 0.16.1, numpy) and read back here.
 """
 
@@ -37,12 +39,16 @@ from ckptinspect.pickling.policy import resolve
 from ckptinspect.pickling.stream_eval import resolve_global
 from ckptinspect.pickling.unpickle import PickleReport, SafeUnpickler
 from ckptinspect.pickling.walk import walk_pickle
-from hostile_samples import payload, run_real_loaders, write_zip, zip_entries
+from hostile_samples import payload, relay_item, run_real_loaders, write_zip, zip_entries
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "sample_ckpts"
 LEGACY_FILE = SAMPLES / "legacy" / "iter_0000001" / "mp_rank_00_000" / "distrib_optim.pt"
 TORCH_DIST = SAMPLES / "torch_dist"
+DCP_DIR = SAMPLES / "dcp" / "step-10"
+DCP_KEY = "lr_scheduler.last_epoch"  # a byte item of the DCP sample: DCP's load torch.loads it
+NVRX_FILE = SAMPLES / "nvrx_local" / "0" / "iter_0000002_0_local.pt"
+M19 = SAMPLES / "mcore_0_19_2"
 
 
 def _u(s: str) -> bytes:
@@ -233,40 +239,81 @@ def _archive(evil: bytes, entries: list[tuple[str, bytes]]) -> bytes:
     return write_zip([(n, evil if n.endswith("/data.pkl") else d) for n, d in entries])
 
 
+# Every container the hook samples are put in, and the real loader that reads it. Each (sample, container) gets its
+# own marker, so each is proven live on its own.
+CONTAINERS = ("legacy file", "torch_dist common.pt", "DCP byte item", "NVRx local file", "0.19 common_state item")
+
+
+def _m19_common_state(ckpt: Path, blob: bytes) -> None:
+    """Megatron-Core >= 0.19 keeps the common state as the byte item `common_state` (a `torch.save` archive)."""
+    relay_item(ckpt, next(k for k in _byte_keys(ckpt) if k.startswith("common_state")), blob)
+
+
+def _byte_keys(ckpt: Path) -> list[str]:
+    from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+
+    md = read_dcp_metadata((ckpt / ".metadata").read_bytes())
+    return [o.key for o in md.objects]
+
+
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, Path]]:
-    """name → (legacy file, torch_dist save dir, marker): each proven live under torch.load."""
+def live(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Path, Path]]:
+    """(sample, container) → (what to audit, marker): each proven live with the real loader in one subprocess."""
     root = tmp_path_factory.mktemp("hooks")
     legacy = zip_entries(LEGACY_FILE.read_bytes())
+    nvrx = zip_entries(NVRX_FILE.read_bytes())
     commons = sorted(TORCH_DIST.glob("iter_*/common.pt"))
-    out: dict[str, tuple[Path, Path, Path]] = {}
+    m19_iter = next(p for p in sorted(M19.glob("iter_*")) if p.is_dir())
+    out: dict[tuple[str, str], tuple[Path, Path]] = {}
     jobs: list[tuple[str, list[str]]] = []
     for i, (name, build) in enumerate(HOOKS.items()):
-        marker = root / f"ran-{i}"
-        path = root / f"legacy-{i}.pt"
-        path.write_bytes(_archive(build(marker), legacy))
-        save = root / f"save-{i}"
-        shutil.copytree(TORCH_DIST, save)
-        for common in commons:  # every iteration's, the tracked one included
-            target = save / common.relative_to(TORCH_DIST)
-            target.write_bytes(_archive(build(marker), zip_entries(common.read_bytes())))
-        out[name] = (path, save, marker)
-        jobs.append(("torch.load", [str(path)]))
+        for j, container in enumerate(CONTAINERS):
+            marker = root / f"ran-{i}-{j}"
+            evil = build(marker)
+            if container == "legacy file":
+                target = root / f"legacy-{i}.pt"
+                target.write_bytes(_archive(evil, legacy))
+                jobs.append(("torch.load", [str(target)]))
+            elif container == "torch_dist common.pt":
+                target = root / f"save-{i}"
+                shutil.copytree(TORCH_DIST, target)
+                for common in commons:  # every iteration's, the tracked one included
+                    (target / common.relative_to(TORCH_DIST)).write_bytes(
+                        _archive(evil, zip_entries(common.read_bytes())))
+                jobs.append(("torch.load", [str(target / commons[-1].relative_to(TORCH_DIST))]))
+            elif container == "DCP byte item":
+                target = root / f"dcp-{i}"
+                shutil.copytree(DCP_DIR, target)
+                relay_item(target, DCP_KEY, _archive(evil, legacy))
+                jobs.append(("dcp", [str(target), DCP_KEY]))
+            elif container == "NVRx local file":
+                target = root / f"nvrx-{i}.pt"
+                target.write_bytes(_archive(evil, nvrx))
+                jobs.append(("torch.load", [str(target)]))
+            else:
+                target = root / f"m19-{i}"
+                shutil.copytree(m19_iter, target)
+                _m19_common_state(target, _archive(evil, legacy))
+                # the item's bytes, torch.load-ed as DCP's `load_bytes` does (a 0.19 load needs Megatron's loader)
+                (root / f"m19-{i}.item.pt").write_bytes(_archive(evil, legacy))
+                jobs.append(("torch.load", [str(root / f"m19-{i}.item.pt")]))
+            out[(name, container)] = (target, marker)
     run_real_loaders(jobs)
     return out
 
 
+@pytest.mark.parametrize("container", CONTAINERS)
 @pytest.mark.parametrize("name", HOOKS)
-def test_real_loader_runs_it_and_ckptinspect_says_unsafe(name: str, live: dict[str, tuple[Path, Path, Path]]) -> None:
-    path, save, marker = live[name]
-    assert marker.exists(), f"torch.load did not run {name}"
+def test_real_loader_runs_it_and_ckptinspect_says_unsafe(name: str, container: str,
+                                                         live: dict[tuple[str, str], tuple[Path, Path]]) -> None:
+    target, marker = live[(name, container)]
+    assert marker.exists(), f"the real loader did not run {name} in the {container}"
     marker.unlink()
-    for target in (path, save):
-        s, a = scan_path(target, "s"), audit(target)
-        assert s.status is Status.UNSAFE, (target, s.findings)
-        assert a.status is Status.UNSAFE, (target, a.findings)
-        codes = {f.code for f in s.findings} & {f.code for f in a.findings}
-        assert codes & {"CK601", "CK604", "CK605"}, (s.findings, a.findings)
+    s, a = scan_path(target, "s"), audit(target)
+    assert s.status is Status.UNSAFE, (target, s.findings)
+    assert a.status is Status.UNSAFE, (target, a.findings)
+    codes = {f.code for f in s.findings} & {f.code for f in a.findings}
+    assert codes & {"CK601", "CK604", "CK605"}, (s.findings, a.findings)
     assert not marker.exists()  # ckptinspect ran nothing
 
 
