@@ -84,9 +84,9 @@ def op_second_directory(rng: random.Random, root: Path, t: Path | None, files: l
     return f"second central directory in {p.relative_to(root)}"
 
 
-def op_pickle_in_storage(rng: random.Random, root: Path, t: Path | None, files: list[Path],
-                         dirs: list[Path]) -> str | None:
-    """Overwrite the start of a stored tensor storage (`*/data/N`) with a pickle (TE `_extra_state`-style)."""
+def _over_storage(rng: random.Random, root: Path, files: list[Path], payload: bytes) -> str | None:
+    """Overwrite the start of a stored tensor storage (`*/data/N`) of a random `.pt` / `.distcp` with `payload`; the
+    place written, or None."""
     cands = _pt_files(files)
     if not cands:
         return None
@@ -97,12 +97,18 @@ def op_pickle_in_storage(rng: random.Random, root: Path, t: Path | None, files: 
     if at < 0:
         return None
     start = data.find(b"\x00", at) + 1
-    payload = _evil()
     if start <= 0 or start + len(payload) > len(data):
         return None
     data[start : start + len(payload)] = payload
     p.write_bytes(bytes(data))
-    return f"pickle in a tensor storage of {p.relative_to(root)} at {start}"
+    return f"a tensor storage of {p.relative_to(root)} at {start}"
+
+
+def op_pickle_in_storage(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                         dirs: list[Path]) -> str | None:
+    """Overwrite the start of a stored tensor storage (`*/data/N`) with a pickle (TE `_extra_state`-style)."""
+    where = _over_storage(rng, root, files, _evil())
+    return where and f"pickle in {where}"
 
 
 def op_path_out_of_dir(rng: random.Random, root: Path, t: Path | None, files: list[Path],
@@ -250,23 +256,10 @@ def op_protocol0_pickle(rng: random.Random, root: Path, t: Path | None, files: l
                         dirs: list[Path]) -> str | None:
     """A protocol 0 or 1 pickle (no PROTO header: it starts with an opcode) over the start of a tensor storage, the
     way a TE `_extra_state` tensor holds one (Megatron-Core decodes those with `pickle.loads`, any protocol)."""
-    cands = _pt_files(files)
-    if not cands:
-        return None
-    p = rng.choice(cands)
-    data = bytearray(p.read_bytes())
-    at = data.find(b"/data/", rng.randrange(max(1, len(data))))
-    at = data.find(b"/data/") if at < 0 else at
-    if at < 0:
-        return None
-    start = data.find(b"\x00", at) + 1
     protocol = rng.choice([0, 1])
     payload = pickle.dumps({"x": Reduce(print, ("fuzz payload, never run",))}, protocol=protocol)
-    if start <= 0 or start + len(payload) > len(data):
-        return None
-    data[start : start + len(payload)] = payload
-    p.write_bytes(bytes(data))
-    return f"protocol-{protocol} pickle in a tensor storage of {p.relative_to(root)} at {start}"
+    where = _over_storage(rng, root, files, payload)
+    return where and f"protocol-{protocol} pickle in {where}"
 
 
 class _MetadataOnly(pickle.Unpickler):
