@@ -1,6 +1,6 @@
 """Pickle-safety scanners side by side (issue 24): ckptinspect vs picklescan, modelscan and fickling.
 
-Usage: python benchmarks/compare_scanners.py --peers-python /work/peers-venv/bin/python [--json OUT] [--timeout S]
+Usage: python benchmarks/compare_scanners.py --peers-python .peers-venv/bin/python [--json OUT] [--timeout S]
 
 Two sets of samples are built into a temp dir:
 - HOSTILE: every payload creates a marker file when the real loader (pickle.loads / torch.load(weights_only=False) /

@@ -46,6 +46,17 @@ def _unjudged_common_pt(ckpt: Path, ctx: Ctx) -> None:
     (ckpt / "common.pt").write_bytes(bytes(blob))
 
 
+def _unknown_transform(ckpt: Path, ctx: Ctx) -> None:
+    """One stored item claims a stream transform no reader here decodes (`stream.lz4/1`): not scanned, so not
+    complete (CK208), whatever its bytes are."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    with edit_metadata(ckpt) as md:
+        idx = sorted(md.storage_data, key=lambda i: (i.fqn, str(i.offset)))[0]
+        info = md.storage_data[idx]
+        md.storage_data[idx] = _StorageInfo(info.relative_path, info.offset, info.length, ["stream.lz4/1"])
+
+
 def _torchscript_common_pt(ckpt: Path, ctx: Ctx) -> None:
     """common.pt gains a `constants.pkl` record: torch.load hands such a zip to torch.jit.load (CK606)."""
     from hostile_samples import write_zip, zip_entries
@@ -123,4 +134,5 @@ SAFETY_CASES: tuple[Case, ...] = (
          subprocess=True),
     Case("unjudged_member_common_pt", td2(_unjudged_common_pt), "unsafe", S({"CK605"}), sources=TD, subprocess=True),
     Case("torchscript_common_pt", td2(_torchscript_common_pt), "unsafe", S({"CK606"}), sources=TD, subprocess=True),
+    Case("unknown_transform_dcp", dcp(_unknown_transform), "incomplete", S({"CK208"}), sources=DCP),
 )

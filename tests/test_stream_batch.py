@@ -162,7 +162,10 @@ def test_batch_paths_on_real_metadata_build_the_loops_table(path: Path, monkeypa
     runs = _counting(monkeypatch)
     s = read_dcp_metadata_columns(io.BytesIO(data), fast_from=0)
     assert s.fallback is None
-    assert runs["chunks"] and runs["storage"], runs
+    assert runs["chunks"], runs
+    # the storage batch pattern knows `_StorageInfo(relative_path, offset, length)`; entries that also carry
+    # `transform_descriptors` (a compressed save, `dcp_zstd`) go through the loop, with the same table (below)
+    assert runs["storage"] or b"transform_descriptors" in data, runs
     assert s.to_dcp_metadata() == read_dcp_metadata_columns(io.BytesIO(data), fast=False).to_dcp_metadata()
     assert s.to_dcp_metadata() == read_dcp_metadata(data)
 

@@ -142,7 +142,9 @@ class FileScan(ContainerScan):
                 covered.append((item.offset, item.end))
                 try:
                     if item.transforms:
-                        self.transformed(f, where, item, self.bounds.get((name, item.offset), MAX_DECODED_BYTES))
+                        bound = self.bounds.get((name, item.offset))
+                        self.transformed(f, where, item, MAX_DECODED_BYTES if bound is None else bound,
+                                         tensor=bound is not None)
                     else:
                         self.container(f, where)
                 except OSError as e:
@@ -152,17 +154,21 @@ class FileScan(ContainerScan):
                     self.unreferenced(f, label, prefix + name, file_rel, start, end)
 
 
-    def transformed(self, f: IO[bytes], where: Where, item: StoredItem, bound: int) -> None:
+    def transformed(self, f: IO[bytes], where: Where, item: StoredItem, bound: int, tensor: bool = False) -> None:
         """A stream-transformed stored item: decoded within `bound` (`formats/transforms.py`), then scanned as the
-        item DCP's reader hands to `torch.load`. Not decodable here (CK208), a decompression bomb (CK603) or a broken
-        stream (CK205): not scanned, and said so."""
+        item DCP's reader hands to `torch.load`. Not decodable here (CK208), a tensor item decoding past its own size
+        (CK603: DCP rejects it, nothing in it is unpickled), a byte item decoding past the bound (CK605: not judged,
+        fail closed) or a broken stream (CK205): not scanned, and said so."""
         try:
             decoded = decode_item(f, item.offset, item.length, item.transforms, bound)
         except Undecodable as e:
             self.problem(where, f"{e}: not scanned", "CK208")
             return
         except LimitExceeded as e:
-            self.bound(where, f"{e}: not scanned")
+            if tensor:
+                self.problem(where, f"{e}: not scanned", "CK603")
+            else:
+                self.bound(where, f"{e}: not scanned")
             return
         except ReadError as e:
             self.problem(where, f"{e}: not scanned", "CK205")
