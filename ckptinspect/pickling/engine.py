@@ -323,14 +323,14 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                 name_v = stack.pop()
                 module_v = stack.pop()
                 if isinstance(module_v, str) and isinstance(name_v, str):
-                    stack.append(_record(walk, module_v, name_v, "STACK_GLOBAL", start, proto))
+                    stack.append(_record(walk, module_v, name_v, "STACK_GLOBAL", start))
                 else:
                     _add(walk, GlobalRef("", DYNAMIC_GLOBAL, "STACK_GLOBAL", start, GlobalClass.DANGEROUS))
                     dyn = frozenset({DYNAMIC_GLOBAL})
                     stack.append(_Val(DYNAMIC_GLOBAL, dyn, dyn, 0))
             elif act == _GLOBAL or act == _INST:
                 module, name = _line_pair(arg, names[code], start)
-                ref = _record(walk, module, name, names[code], start, proto)
+                ref = _record(walk, module, name, names[code], start)
                 if act == _INST:
                     if not marks:
                         raise Stop(f"INST at byte {start} without a MARK", start)
@@ -356,7 +356,7 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                 ext = int.from_bytes(arg or b"", "little", signed=(code == 0x84))
                 key = copyreg._inverted_registry.get(ext)  # type: ignore[attr-defined]
                 if isinstance(key, tuple) and len(key) == 2:
-                    stack.append(_record(walk, str(key[0]), str(key[1]), names[code], start, proto))
+                    stack.append(_record(walk, str(key[0]), str(key[1]), names[code], start))
                 else:
                     q = frozenset({f"copyreg.extension[{ext}]"})
                     _add(walk, GlobalRef("copyreg", f"extension[{ext}]", names[code], start, GlobalClass.UNKNOWN))

@@ -172,9 +172,9 @@ def _reconstructed(qual: str, op: str, args: list[object]) -> set[str]:
     return names
 
 
-def _record(walk: PickleWalk, module: str, name: str, opcode: str, offset: int, proto: int) -> _Val:
-    """Record a global reference; return its stack value. Judged by `policy.resolve` (under every protocol, so
-    `proto` does not change the verdict: a Python 2 spelling is judged as mapped and as written)."""
+def _record(walk: PickleWalk, module: str, name: str, opcode: str, offset: int) -> _Val:
+    """Record a global reference; return its stack value. Judged by `policy.resolve`, under every protocol (a Python 2
+    spelling as mapped and as written), so the protocol the pickle announced does not enter."""
     r = resolve(module, name)
     _add(walk, GlobalRef(module, name, opcode, offset, r.verdict))
     if len(walk._seen) > MAX_GLOBAL_NAMES:

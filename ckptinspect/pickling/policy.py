@@ -115,7 +115,7 @@ def resolve(module: str, name: str) -> Resolved:
         if mapped is not None:
             target = mapped
             if verdict is not GlobalClass.DANGEROUS:
-                verdict = classify(*mapped) if "." not in mapped[1] else _dotted(*mapped)[0]
+                verdict = classify(*mapped)  # `_compat_pickle` maps to plain names, never dotted ones
     allowed = verdict is GlobalClass.ALLOWED
     through = through_kind(*target)
     return Resolved(module, name, target, verdict, allowed and callable_safely(*target),
