@@ -111,7 +111,7 @@ TORCHSCRIPT = ("ts:file", "ts:common.pt", "ts:legacy", "ts:distcp")
 
 
 @pytest.mark.parametrize("name", TORCHSCRIPT)
-def test_a_torchscript_archive_runs_under_torch_load_and_is_ck605(name: str, judged: dict[str, Judged]) -> None:
+def test_a_torchscript_archive_runs_under_torch_load_and_is_ck606(name: str, judged: dict[str, Judged]) -> None:
     j = judged[name]
     assert not j.ran_before_loader, "ckptinspect ran the payload"
     assert j.marker is not None and j.marker.exists(), f"the real loader did not run it: {j.loader_error}"
@@ -187,7 +187,7 @@ def _applied(op: Any, want: str, tmp_path: Path) -> Path:
     raise AssertionError(f"{op.__name__} never gave {want!r}")
 
 
-def test_the_fuzz_torchscript_member_operator_is_ck605(tmp_path: Path) -> None:
+def test_the_fuzz_torchscript_member_operator_is_ck606(tmp_path: Path) -> None:
     work = _applied(op_torchscript_member, "constants.pkl", tmp_path)
     for report in (scan_path(work, "s"), audit(work)):
         assert report.status is Status.UNSAFE and "CK606" in _codes(tuple(report.findings)), report.findings
@@ -204,3 +204,15 @@ def test_the_fuzz_tar_container_operator_with_a_payload_is_unsafe(kind: str, tmp
 def test_the_fuzz_tar_container_operator_keeps_a_benign_pickle_benign(tmp_path: Path) -> None:
     work = _applied(op_tar_container, "(benign)", tmp_path)
     assert not _codes(tuple(scan_path(work, "s").findings)) & (UNSAFE_CODES | {"CK206"})
+
+
+def test_a_tar_pickle_stopped_by_a_scanner_bound_fails_closed(tmp_path: Path) -> None:
+    """A tar's `pickle` member whose walk stops at the memo bound before its end was not judged: CK605 (unsafe), as
+    the same pickle in a zip archive is, not CK603."""
+    from fuzz_hostile_ops import tar_container
+
+    memo_bomb = b"\x80\x04N" + b"r" + (0x7FFFFFF0).to_bytes(4, "little") + b"."
+    path = tmp_path / "bound.pt"
+    path.write_bytes(tar_container(memo_bomb))
+    for r in (scan_path(path, "s"), audit(path)):
+        assert r.status is Status.UNSAFE and "CK605" in _codes(tuple(r.findings)), r.findings

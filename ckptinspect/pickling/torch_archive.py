@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.safeio import FileSlice, open_regular
-from ckptinspect.pickling.candidates import archive_walks
+from ckptinspect.pickling.candidates import Walked, archive_walks
 from ckptinspect.pickling.tar_archive import tar_walks
 from ckptinspect.pickling.walk import is_pickle_start, walk_stream
 from ckptinspect.pickling.zipdir import local_data_start
@@ -48,6 +48,19 @@ def is_zip_archive(head: bytes) -> bool:
     return head[:4] == b"PK\x03\x04"
 
 
+def _bound_hit(walks: list[Walked], prefix: str = "") -> LimitExceeded | None:
+    """The bound the walks of one archive hit, or None. A member or byte string past a bound (zip bomb, size) or a
+    pickle whose walk stopped at a bound of the scanner's own was not judged to its end: fail closed (CK605); an
+    absurd length claim (the end of the data) is CK603."""
+    limits = [w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)]
+    if not limits:
+        return None
+    unjudged = [w for w in limits if w.limit or (w.walk is not None and w.walk.unjudged)]
+    w = (unjudged or limits)[0]
+    return LimitExceeded(f"{prefix}{w.where}: {w.problem or (w.walk.limit if w.walk else '')}",
+                         "CK605" if unjudged else "CK603")
+
+
 def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None) -> TorchArchive:
     """Read the torch archive at [offset, offset+length) of `f` (whole file when length is None).
 
@@ -68,11 +81,9 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
             for w in walks:
                 if w.walk is not None:
                     report.merge_walk(w.walk, w.where)
-            limit = next((w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)), None)
+            limit = _bound_hit(walks, "tar member ")
             if limit is not None and not report.unsafe:
-                raise _with(LimitExceeded(f"tar member {limit.where}: "
-                                          f"{limit.problem or (limit.walk.limit if limit.walk else '')}", "CK603"),
-                            report)
+                raise _with(limit, report)
             broken = problem or next((f"tar member {w.where}: {w.problem or (w.walk.error if w.walk else '')}"
                                       for w in walks if w.problem or (w.walk is not None and w.walk.error)), None)
             raise _with(ReadError("legacy (pre-1.6) tar torch serialization: its pickles were walked, its state is "
@@ -94,15 +105,9 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
     script = next((w for w in walks if w.torchscript), None)
     if script is not None:  # what torch.load does with it is no unpickling: torch.jit.load runs its code
         raise _with(ReadError(f"{script.where}: {script.problem} (not executed)", "CK606"), report)
-    limits = [w for w in walks if w.limit or (w.walk is not None and w.walk.limit is not None)]
-    if limits:
-        w = limits[0]
-        # a member or byte string past a bound (zip bomb, nesting) or a pickle whose walk stopped at a bound of the
-        # scanner's own was not judged to its end: fail closed (CK605); an absurd length claim is CK603
-        unjudged = [x for x in limits if x.limit or (x.walk is not None and x.walk.unjudged)]
-        w = unjudged[0] if unjudged else w
-        code = "CK605" if unjudged else "CK603"
-        raise _with(LimitExceeded(f"{w.where}: {w.problem or (w.walk.limit if w.walk else '')}", code), report)
+    limit = _bound_hit(walks)
+    if limit is not None:
+        raise _with(limit, report)
     try:
         zf = zipfile.ZipFile(view)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, KeyError,
