@@ -2,7 +2,8 @@
 
 The readers already report what `.metadata`, `common.pt`, the common-state item and legacy `.pt` files reference
 (CK601 / CK602). This check walks the opcodes of every other stored item's pickles (`safety_scan.scan_stored_items`: no
-object is built, nothing is executed) and reports the same codes, plus CK603 for pickles past the resource bounds.
+object is built, nothing is executed) and reports the same codes, plus CK603 / CK605 for pickles past the resource
+bounds (`checks/safety_containers.py` says which).
 A giant checkpoint holds millions of tensor archives: without `--deep` only the byte items (rng state, extra state,
 optimizer misc — where a hostile payload would hide) and the tensor items of TE `_extra_state` keys (decoded with
 `pickle.loads`) are walked, up to `MAX_ITEMS`; `--deep` and `scan` walk all.

@@ -175,7 +175,7 @@ class ContainerScan:
 
     def candidate(self, where: Where, w: Walked) -> None:
         """Record one candidate of `archive_walks` / `blob_walks`: a TorchScript archive (CK606), a walked pickle,
-        a bound hit (CK603), or a member that cannot be read."""
+        a bound hit (CK605), or a member that cannot be read."""
         if w.torchscript:
             loc = where.file + (f" [{where.offset}, +{where.length})" if where.in_file else "")
             self.findings.append(Finding(

@@ -184,8 +184,8 @@ def scan_stored_items(ckpt_dir: Path, label: str, items: Iterable[tuple[str, Sto
                       report_unreadable: bool = False,
                       bounds: dict[tuple[str, int], int] | None = None) -> ScanReport:
     """Scan the given stored items of a DCP checkpoint dir (for `audit`: byte items and tensor archives inside the
-    `.distcp` files). With `report_unreadable` False only CK601/CK602/CK603 are reported: the storage checks already
-    say which items are missing, truncated or not archives.
+    `.distcp` files). With `report_unreadable` False only the safety codes (`_SAFETY_CODES`) are reported: the
+    storage checks already say which items are missing, truncated or not archives.
     """
     s = FileScan(label, bounds=bounds or {})
     by_file: dict[str, list[tuple[str, StoredItem]]] = {}
