@@ -1,8 +1,8 @@
 """The container half of the pickle-safety scan (`safety_scan.py`): walking one container and recording what it holds.
 
 A container is a raw pickle, a `torch.save` zip archive or a pre-1.6 `torch.save` tar file (`pickling.tar_archive`):
-a whole file, or a stored item's byte range inside a `.distcp`. An archive's `*.pkl` members are walked, and members that are zip archives themselves are opened in turn
-(nested, bounded depth). The bytes of a data file no stored item covers are split at their zip end records and the
+a whole file, or a stored item's byte range inside a `.distcp`. An archive's `*.pkl` members are walked, and members
+that are zip archives themselves are opened in turn (nested, bounded depth). The bytes of a data file no stored item covers are split at their zip end records and the
 candidates opened as archives. Every pickle walked becomes a `PickleScan` plus its findings (CK601 dangerous, CK602
 outside the allowlist, CK603 / CK605 beyond the bounds, or the location's code when it cannot be walked); a TorchScript
 archive is CK606. Nothing is unpickled: pickles go through `pickling.walk.walk_pickle` only.

@@ -73,7 +73,8 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     common, common_source, common_findings = _read_common(path, label, md)
     findings.extend(common_findings)
     if common is None and (md is not None or zarr) and not any(
-            f.code in ("CK601", "CK604", "CK206", "CK105", "CK208", "CK603", "CK605", "CK606") for f in common_findings):
+            f.code in ("CK601", "CK604", "CK206", "CK105", "CK208", "CK603", "CK605", "CK606")
+            for f in common_findings):
         findings.append(
             Finding(
                 "CK105",

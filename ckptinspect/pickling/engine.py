@@ -235,7 +235,8 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                     elif code in _TUPLE_OPS and len(consumed) <= 3:
                         _push(walk, stack, _made(_tuple_of(consumed), _EMPTY), start, names[code])
                     elif code == _DICT_OP:
-                        _push(walk, stack, dict_value(walk, None, consumed, _combine(consumed), start), start, names[code])
+                        v = dict_value(walk, None, consumed, _combine(consumed), start)
+                        _push(walk, stack, v, start, names[code])
                     else:
                         _push(walk, stack, _made(_combine(consumed), _EMPTY), start, names[code])
                 elif kind == _K_CALL:

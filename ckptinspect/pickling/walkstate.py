@@ -35,7 +35,8 @@ class GlobalRef:
 class _Val:
     """A tracked non-string stack value: a global, or a value built from globals that may not be called."""
 
-    __slots__ = ("qual", "call_ok", "new_ok", "init_ok", "through", "taint", "ntaint", "depth", "parts", "hook", "strish")
+    __slots__ = ("qual", "call_ok", "new_ok", "init_ok", "through", "taint", "ntaint", "depth", "parts", "hook",
+                 "strish")
 
     def __init__(self, qual: str | None, taint: frozenset[str], ntaint: frozenset[str], depth: int,
                  call_ok: bool = False, new_ok: bool = False, through: int = 0, init_ok: bool = False,
@@ -51,9 +52,10 @@ class _Val:
         # a tuple of at most 3 items holding a global (TUPLE1/2/3, TUPLE): its items, for the calls whose verdict
         # depends on which argument is which (`copyreg._reconstructor(cls, base, state)`)
         self.parts = parts
-        # for a dict built by DICT / SETITEM(S) from a known container: the globals inside that are stored under a
-        # name the unpickler looks up and calls once the dict is a BUILD state (`policy.HOOK_NAMES`, or a key that
-        # is not a literal str); None when the value is not such a dict (all its taint counts)
+        # what a BUILD with this value as its state may call beyond what was already recorded (`judge.hooked`): the
+        # empty set for a value whose make the walker saw (literals, dicts whose keys `judge.dict_value` checked as
+        # they were stored, instances of inert constructors, BUILD / APPEND results); None for one it did not (a dict
+        # filled by a constructor from its arguments, a call that is not inert): then all its taint counts
         self.hook: frozenset[str] | None = None
         # made by an inert constructor that may return a str (`policy.STR_MAKERS`): as a dict key it may spell a hook
         self.strish = False
