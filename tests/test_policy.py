@@ -48,6 +48,9 @@ TORCH_DIST = SAMPLES / "torch_dist"
 DCP_DIR = SAMPLES / "dcp" / "step-10"
 DCP_KEY = "lr_scheduler.last_epoch"  # a byte item of the DCP sample: DCP's load torch.loads it
 NVRX_FILE = SAMPLES / "nvrx_local" / "0" / "iter_0000002_0_local.pt"
+ZARR = SAMPLES / "mcore_0_15_3_zarr"
+# a sharded object of the zarr-era (<= 0.15) save: Megatron's zarr / torch_dist loaders `torch.load` each such file
+ZARR_OBJECT = "iter_0000001/rng_state/shard_0.0_1.2.pt"
 M19 = SAMPLES / "mcore_0_19_2"
 
 
@@ -241,7 +244,8 @@ def _archive(evil: bytes, entries: list[tuple[str, bytes]]) -> bytes:
 
 # Every container the hook samples are put in, and the real loader that reads it. Each (sample, container) gets its
 # own marker, so each is proven live on its own.
-CONTAINERS = ("legacy file", "torch_dist common.pt", "DCP byte item", "NVRx local file", "0.19 common_state item")
+CONTAINERS = ("legacy file", "torch_dist common.pt", "DCP byte item", "NVRx local file", "0.19 common_state item",
+              "DCP .metadata", "zarr sharded object")
 
 
 def _m19_common_state(ckpt: Path, blob: bytes) -> None:
@@ -290,6 +294,17 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tupl
                 target = root / f"nvrx-{i}.pt"
                 target.write_bytes(_archive(evil, nvrx))
                 jobs.append(("torch.load", [str(target)]))
+            elif container == "DCP .metadata":  # FileSystemReader.read_metadata: pickle.load of the whole file
+                target = root / f"meta-{i}"
+                shutil.copytree(DCP_DIR, target)
+                (target / ".metadata").write_bytes(evil)
+                jobs.append(("dcp", [str(target), DCP_KEY]))
+            elif container == "zarr sharded object":
+                target = root / f"zarr-{i}"
+                shutil.copytree(ZARR, target)
+                obj = target / ZARR_OBJECT
+                obj.write_bytes(_archive(evil, zip_entries(obj.read_bytes())))
+                jobs.append(("torch.load", [str(obj)]))
             else:
                 target = root / f"m19-{i}"
                 shutil.copytree(m19_iter, target)
