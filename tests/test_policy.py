@@ -79,6 +79,8 @@ def _stmt(marker: Path) -> str:
     ("torch", "serialization.os.system", GlobalClass.DANGEROUS),  # find_class walks the attribute chain
     ("torch", "_utils._rebuild_tensor_v2", GlobalClass.ALLOWED),  # a chain that spells an exact entry
     ("megatron.core.transformer", "spec_utils.import_module", GlobalClass.UNKNOWN),  # never allowed via a prefix
+    ("torch._utils", "torch.channels_last", GlobalClass.ALLOWED),  # how torch pickles a memory format (protocol 4)
+    ("torch._utils", "torch.load", GlobalClass.DANGEROUS),  # the same chain to a dangerous name
     ("builtins", "getattr.__call__", GlobalClass.DANGEROUS),
     ("megatron.core.x", "Cls.__init__", GlobalClass.UNKNOWN),
     ("__builtin__", "getattr", GlobalClass.DANGEROUS),  # Python 2 names judged as mapped

@@ -159,6 +159,12 @@ def _counter(iterable: Any = ()) -> dict[Any, Any]:
     return counts
 
 
+def _defaultdict(default_factory: Any = None, *args: Any) -> dict[Any, Any]:
+    """`collections.defaultdict(factory)` (what a defaultdict pickles as, its items follow by SETITEMS) as a dict: the
+    factory is data here (a stand-in), never called."""
+    return dict(*args[:1])
+
+
 BUILDERS: Mapping[tuple[str, str], Callable[..., Any]] = {
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
@@ -175,6 +181,7 @@ BUILDERS: Mapping[tuple[str, str], Callable[..., Any]] = {
     ("collections", "OrderedDict"): StateDict,
     ("collections", "deque"): _deque,
     ("collections", "Counter"): _counter,
+    ("collections", "defaultdict"): _defaultdict,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
     ("builtins", "slice"): slice,

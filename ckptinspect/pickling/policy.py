@@ -99,6 +99,11 @@ def _dotted(module: str, name: str) -> tuple[GlobalClass, tuple[str, str]]:
                 return GlobalClass.DANGEROUS, target
     if any(p.startswith("__") for p in parts):
         return GlobalClass.UNKNOWN, target
+    if len(parts) == 2 and parts[0] == "torch" and (module == "torch" or module.startswith("torch.")):
+        # Torch's own pickles spell a memory format `torch._utils` + `torch.channels_last` (the format's
+        # `__reduce__` names it `torch.<name>` in the module `torch._utils`, which imports torch): the chain ends at
+        # the torch module, and is judged as `torch.<name>` (a submodule without that attribute fails to load).
+        return classify("torch", parts[1]), ("torch", parts[1])
     if allowed_exactly(*target):
         return GlobalClass.ALLOWED, target
     return GlobalClass.UNKNOWN, target
