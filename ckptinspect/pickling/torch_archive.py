@@ -19,6 +19,7 @@ from typing import IO, Any
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.safeio import FileSlice, open_regular
 from ckptinspect.pickling.candidates import Walked, archive_walks
+from ckptinspect.pickling.legacy_format import read_legacy_pickles
 from ckptinspect.pickling.tar_archive import tar_walks
 from ckptinspect.pickling.walk import is_pickle_start, walk_stream
 from ckptinspect.pickling.zipdir import local_data_start
@@ -91,10 +92,21 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
         view.seek(0)
         if is_pickle_start(head[:2]):
             # torch.load takes any file that does not start with a zip local header for a legacy (pre-1.6) save and
-            # unpickles its first pickles with the plain unpickler: judge them before refusing the format.
-            report.merge_walk(walk_stream(view, length))
-            raise _with(ReadError("legacy (pre-1.6, non-zip) torch serialization is not supported", "CK206"),
-                        report)
+            # unpickles its pickles with the plain unpickler: judge them all first, then read the layout.
+            walk = walk_stream(view, length)
+            report.merge_walk(walk)
+            if walk.limit is not None:
+                raise _with(LimitExceeded(f"legacy torch file: {walk.limit}", "CK605" if walk.unjudged else "CK603"),
+                            report)
+            if report.unsafe:
+                return TorchArchive("", {}, None, report)
+            view.seek(0)
+            try:
+                obj, stored = read_legacy_pickles(view, length, report)
+            except ReadError as e:
+                raise _with(e, report)
+            records = {name: ArchiveRecord(name, size, False, offset) for name, (offset, size) in stored.items()}
+            return TorchArchive("", records, obj, report)
         raise ReadError("not a torch zip archive (no PK header)", "CK206")
     # The verdict covers every pickle any zip reader could take from these bytes (`candidates.py`), not only the one
     # Python's zipfile picks below.

@@ -283,9 +283,17 @@ def load_pickle(
         stream: IO[bytes] = io.BufferedReader(io.BytesIO(source))
     else:
         stream = source
-    unpickler = SafeUnpickler(stream, report, discard_plans)
+    return unpickle_stream(stream, report, discard_plans)
+
+
+def unpickle_stream(stream: IO[bytes], report: PickleReport, discard_plans: bool = False,
+                    unpickler: type[SafeUnpickler] | None = None) -> Any:
+    """Unpickle ONE pickle from `stream`, leaving it just past that pickle's STOP (a buffered stream: the C unpickler
+    reads ahead with `peek` and consumes only what it used). The bytes must have been opcode-walked into `report`
+    already (`walk_stream` of the whole stream): this is the second read. Same errors as `load_pickle`."""
+    reader = (unpickler or SafeUnpickler)(stream, report, discard_plans)
     try:
-        return unpickler.load()
+        return reader.load()
     except (MemoryError, RecursionError) as e:
         raise LimitExceeded(f"pickle exceeds resource bounds ({type(e).__name__})", "CK603") from e
     except ReadError:
