@@ -103,3 +103,16 @@ class _Raw:
         import pickle
 
         return (pickle.loads, (self.data,))
+
+
+@pytest.mark.parametrize("n", [99, 105, 40])  # element counts whose first byte is an opcode: GLOBAL, INST, MARK
+def test_storage_bytes_after_the_five_pickles_are_never_walked_as_pickles(n: int, tmp_path: Path) -> None:
+    """torch's legacy loader unpickles five pickles, then reads each storage raw (an int64 count, the bytes): a
+    benign tensor whose count and bytes happen to spell pickle opcodes naming `os.system` is data, not a pickle."""
+    p = tmp_path / "w.pt"
+    data = list(b"os\nsystem\n(S'id'\ntR." * 20)[:n]
+    torch.save({"w": torch.tensor(data, dtype=torch.uint8)}, p, _use_new_zipfile_serialization=False)
+    assert torch.load(p, weights_only=True)["w"].tolist() == data
+    for result in (scan_path(p, "s"), audit(p)):
+        assert result.status is Status.COMPLETE, result.findings
+        assert not {f.code for f in result.findings} & {"CK601", "CK602", "CK604"}, result.findings

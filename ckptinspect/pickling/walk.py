@@ -10,8 +10,9 @@ materialised except strings of at most `MAX_TRACKED_STR` characters) and it has 
 
 Tricks it handles:
 - several pickles back to back in one stream (legacy `torch.save` files are a sequence of pickles; a payload can hide
-  after the first `STOP`): walking resumes after `STOP` while the next bytes can start a pickle; what does not walk
-  through to a `STOP` after a complete pickle is trailing data, not an error;
+  after the first `STOP`): walking resumes after `STOP` while the next bytes can start a pickle, up to the five a
+  loader unpickles (`MAX_STREAM_PICKLES`); what does not walk through to a `STOP` after a complete pickle, and what
+  follows the fifth, is trailing data, not an error;
 - length claims beyond the data (`BINUNICODE8` of 100 GB): reported, never allocated;
 - `STACK_GLOBAL` whose operands are not literal strings (a name computed at load time): reported as dangerous, since
   no allowlist can judge it;
@@ -39,6 +40,11 @@ from ckptinspect.pickling.walkstate import GlobalRef as GlobalRef, Source, Stop
 from ckptinspect.pickling.opcodes import HIGHEST_PROTOCOL, VALID_OPCODES, _PROTO_BYTE, _STOP_BYTE
 
 MAX_OPS = 50_000_000  # opcodes per pickle stream (all concatenated pickles together)
+# Pickles back to back that any loader unpickles from one stream: torch's legacy (non-zip) loader reads five (magic
+# number, protocol, sys_info, the object, the storage keys; `pickling/legacy_format.py`), `pickle.load` one. What
+# follows the fifth is raw storage bytes no loader unpickles: walked as pickles, a storage that happens to start
+# with an opcode byte (99 elements: b"c", GLOBAL) read as globals, and a benign file as unsafe.
+MAX_STREAM_PICKLES = 5
 MAX_STACK = 20_000_000  # stack entries + open MARKs
 
 _VERDICT_RANK = {GlobalClass.ALLOWED: 0, GlobalClass.UNKNOWN: 1, GlobalClass.DANGEROUS: 2}
@@ -173,6 +179,9 @@ def _walk(src: Source, max_ops: int, max_stack: int) -> PickleWalk:
         walk.error, walk.error_offset = "empty: no pickle data", 0
         return walk
     while src.base + pos < src.total:
+        if walk.segments >= MAX_STREAM_PICKLES:
+            walk.trailing = src.total - src.base - pos
+            break
         if walk.segments:
             try:
                 if pos + 2 > len(src.buf):
