@@ -10,6 +10,7 @@ but an overlap is not.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -93,12 +94,46 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
                           "dir; DCP would read (and unpickle) them from there", name, ckpt.path,
                           {"items": int(counts[i])})
     referenced = set(names)
-    for f in ckpt.files:
-        if f.name.endswith(".distcp") and f.name not in referenced:
-            yield Finding("CK204", f"{f.name}: data file not referenced by .metadata (stale leftover?)", f.name,
-                          ckpt.path, {"bytes": f.size})
+    unreferenced = [f for f in ckpt.files if f.name.endswith(".distcp") and f.name not in referenced]
+    empty_end = bool(unreferenced) and _has_zero_size_chunk(ckpt)
+    for f in unreferenced:
+        if empty_end and _WRITER_NAME.fullmatch(f.name) and _holds_only_an_empty_tensor(ckpt, f.name, f.size):
+            yield Finding("CK209", f"{f.name}: data file not referenced by .metadata, the writer's own: it holds one "
+                          "zero-element tensor, a rank's empty shard that DCP's plan merge folded into another rank's",
+                          f.name, ckpt.path, {"bytes": f.size})
+            continue
+        yield Finding("CK204", f"{f.name}: data file not referenced by .metadata (stale leftover?)", f.name,
+                      ckpt.path, {"bytes": f.size})
     if ctx.deep:
         yield from _deep(ckpt, ctx, sizes)
+
+
+# `FileSystemWriter`'s data file names (`__{rank}_{n}.distcp`, torch/distributed/checkpoint/filesystem.py)
+_WRITER_NAME = re.compile(r"__\d+_\d+\.distcp")
+
+
+def _has_zero_size_chunk(ckpt: Checkpoint) -> bool:
+    """A chunk of no element: several ranks' empty shards at one offset (Megatron's uneven 1-D sharding gives the last
+    ranks empty shards at the end) have one `MetadataIndex` (fqn, offset), so the global plan keeps one of them, and
+    the other ranks' data files, written in the same save, are named by nothing."""
+    return any(any(s == 0 for s in c.sizes) for t in ckpt.tensors for c in t.chunks)
+
+
+_EMPTY_FILE_BOUND = 1 << 20
+
+
+def _holds_only_an_empty_tensor(ckpt: Checkpoint, name: str, size: int | None) -> bool:
+    """The data file is one torch archive (a DCP item) whose object is a tensor of no element."""
+    from ckptinspect.pickling.builders import TensorRef
+
+    if size is None or size > _EMPTY_FILE_BOUND:
+        return False
+    try:
+        with ItemFiles(location(ckpt.path)) as files:
+            archive = files.archive(StoredItem(name, 0, size))
+    except (OSError, ReadError):
+        return False
+    return not archive.report.unsafe and isinstance(archive.obj, TensorRef) and archive.obj.numel == 0
 
 
 def _arrays(ckpt: Checkpoint) -> tuple[list[str], Any, Any, Any, Callable[[int], str]]:
