@@ -116,6 +116,21 @@ _ALLOWED_EXACT: frozenset[tuple[str, str]] = frozenset(
         ("numpy.dtypes", "UInt64DType"),
         ("numpy.dtypes", "Float16DType"),
         ("numpy.dtypes", "BoolDType"),
+        # What torch 2.13 registers with `torch.serialization.add_safe_globals` for its `weights_only` unpickler
+        # (`torch/distributed/tensor/__init__.py`, `device_mesh.py`, `nested/_internal/nested_tensor.py`): a pickled
+        # DTensor (`torch.save` of one, a `flatten_state_dict=False` DCP byte item) is `_rebuild_from_type_v2(
+        # _rebuild_wrapper_subclass, DTensor, ...)` with its `DTensorSpec` (mesh, placements, `TensorMeta`,
+        # `ShardOrderEntry`s) and `DeviceMesh` (`_MeshLayout` / `_FlatLayout`) made by NEWOBJ + BUILD. The
+        # placements (`Shard`, `Replicate`, `Partial`, `_StridedShard`) are allowed by module below.
+        ("torch.distributed.tensor", "DTensor"),
+        ("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
+        ("torch.distributed.tensor._dtensor_spec", "TensorMeta"),
+        ("torch.distributed.tensor._dtensor_spec", "ShardOrderEntry"),
+        ("torch.distributed.device_mesh", "DeviceMesh"),
+        ("torch.distributed._mesh_layout", "_MeshLayout"),
+        ("torch.distributed._mesh_layout", "_FlatLayout"),
+        ("torch.nested._internal.nested_tensor", "NestedTensor"),
+        ("torch.nested._internal.nested_tensor", "_rebuild_njt"),
     }
 )
 
