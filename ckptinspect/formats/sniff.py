@@ -217,14 +217,20 @@ def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
         markers.append("ShardedObject …/shard_<offset>_<shape> keys")
     if any(k.startswith("optimizer.distributed.") for k in keys):
         markers.append("optimizer.distributed.* keys")
-    if md.planner_keys is None and keys:
-        markers.append("planner_data is None (Megatron's MCoreSavePlanner)")
+    # Megatron-Core's own `.metadata` attributes (0.11+ `all_local_plans`, 0.8-0.15 `mcore_data`). `planner_data`
+    # None is no marker: Megatron's MCoreSavePlanner writes None, and so does torch's DefaultSavePlanner with
+    # `flatten_state_dict=False` (a plain DCP save).
+    if md.rank_items:
+        markers.append("all_local_plans (Megatron-Core's MCoreSavePlanner)")
+    if md.mcore_data:
+        markers.append("mcore_data (Megatron-Core 0.8-0.15)")
     if markers:
         return Format.TORCH_DIST, markers
     stack, why = classify_dcp_keys(keys)
     if stack is Stack.MEGATRON_FSDP:
         return Format.FSDP_DTENSOR, [why or "fsdp_dtensor key prefixes"]
-    out = ["planner_data is a non-empty fqn map (flatten_state_dict=True)"]
+    out = ["planner_data is an fqn map (flatten_state_dict=True)" if md.planner_keys is not None else
+           "planner_data is None: an unflattened state dict (DefaultSavePlanner(flatten_state_dict=False))"]
     return Format.TORCH_DCP, out + ([why] if why else [])
 
 
