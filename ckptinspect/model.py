@@ -292,6 +292,9 @@ class Checkpoint:
     stack that adds a fact builds a new checkpoint (`dataclasses.replace`) from a copy.
     table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
       run vectorised over millions of chunks; None for formats without one (legacy).
+    rank_metadata: DCP per-rank metadata (`dcp.save(..., use_collectives=False)`): the `__R.metadata` files read and
+      merged (`formats/dcp_ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
+      replicas, not overlaps. Empty for a checkpoint with one `.metadata`.
     """
 
     path: str
@@ -314,6 +317,7 @@ class Checkpoint:
     reformulated: tuple[str, ...] = ()
     table: ChunkTable | None = None
     sharded_backend: ShardedBackend | None = None
+    rank_metadata: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).

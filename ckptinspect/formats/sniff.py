@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
 from ckptinspect.safeio import read_small
+from ckptinspect.formats.dcp_ranks import missing_message, rank_files
 from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_generation
 from ckptinspect.formats.legacy import is_legacy_dir
@@ -45,12 +46,16 @@ class CheckpointSniff:
 
     format: None when unrecognized (CK100).
     state: COMPLETE when the markers say the save finished, or the half-written code that applies.
+    subject / message: the state finding's subject and message when the generic ones would not say it (a DCP
+      per-rank save with a rank's `__R.metadata` missing); None for the generic ones.
     """
 
     format: Format | None
     evidence: tuple[str, ...]
     generation: str | None
     state: SniffState
+    subject: str | None = None
+    message: str | None = None
 
 
 def _has_data_files(path: Path) -> bool:
@@ -119,6 +124,17 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             ev.append("Megatron markers without metadata.json: a torch_dist save that was not finalized")
             return CheckpointSniff(Format.TORCH_DIST, tuple(ev), None, SniffState.CK101)
         return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
+    rf = rank_files(path)
+    if rf.metadata:
+        # `dcp.save(..., use_collectives=False)`: every rank wrote its own `__R.metadata` (`dcp_ranks.py`)
+        shown = ", ".join(rf.metadata.values())
+        ev.append(f"per-rank metadata {shown if len(rf.metadata) <= 4 else str(len(rf.metadata)) + ' files'}, no "
+                  ".metadata: dcp.save(..., use_collectives=False); dcp.load reads each rank's own")
+        if rf.missing:
+            subject, message = missing_message(rf)
+            state = SniffState.CK103 if rf.missing[0] in rf.tmp else SniffState.CK102
+            return CheckpointSniff(Format.TORCH_DCP, tuple(ev), None, state, subject, message)
+        return CheckpointSniff(Format.TORCH_DCP, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
     tmp = (path / ".metadata.tmp").exists()
     data = _has_data_files(path)
     if tmp or data:
