@@ -295,6 +295,8 @@ class Checkpoint:
     rank_metadata: DCP per-rank metadata (`dcp.save(..., use_collectives=False)`): the `__R.metadata` files read and
       merged (`formats/dcp_ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
       replicas, not overlaps. Empty for a checkpoint with one `.metadata`.
+    raw_tensor_items: tensor chunks are raw element bytes (DCP's Hugging Face storage writer: safetensors data), not
+      torch archives: `--deep` checks their place and length only, and there is no pickle in them to scan.
     """
 
     path: str
@@ -318,6 +320,7 @@ class Checkpoint:
     table: ChunkTable | None = None
     sharded_backend: ShardedBackend | None = None
     rank_metadata: tuple[str, ...] = ()
+    raw_tensor_items: bool = False
 
     def __post_init__(self) -> None:
         # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).

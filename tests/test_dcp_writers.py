@@ -67,6 +67,20 @@ CASES = [
     Case("unflattened_top", "unflattened_top", True, Status.COMPLETE),
     Case("unflattened_data_truncated", "unflattened", False, Status.CORRUPT, frozenset({"CK202"}),
          _truncate("__0_0.distcp", 200)),
+    Case("hf_rank0", "hf_rank0", True, Status.COMPLETE),
+    Case("hf_distributed", "hf_distributed", True, Status.COMPLETE),
+    Case("hf_consolidated", "hf_consolidated", True, Status.COMPLETE),
+    Case("hf_rank0_file_missing", "hf_rank0", False, Status.CORRUPT, frozenset({"CK201"}),
+         _rm("model-00002-of-00002.safetensors")),
+    Case("hf_distributed_shard_truncated", "hf_distributed", False, Status.CORRUPT, frozenset({"CK106"}),
+         _truncate("shard-00002-model-00001-of-00001.safetensors", 100)),
+    Case("hf_distributed_shard_data_truncated", "hf_distributed", False, Status.CORRUPT, frozenset({"CK202"}),
+         _truncate("shard-00002-model-00001-of-00001.safetensors", 300)),
+    Case("hf_consolidated_file_missing", "hf_consolidated", False, Status.CORRUPT, frozenset({"CK201"}),
+         _rm("model-00001-of-00001.safetensors")),
+    # FileSystemWriter(serialization_format=SAFETENSORS): every tensor item of a file points at the one safetensors
+    # blob after the byte items; torch 2.13's FileSystemReader torch.loads each item and fails
+    Case("safetensors_distcp", "safetensors_distcp", False, Status.CORRUPT, frozenset({"CK203"})),
 ]
 
 
@@ -74,11 +88,13 @@ CASES = [
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str | None]]:
     """case id -> (its dir, torch's load error or None)."""
     root = tmp_path_factory.mktemp("dcp_writers")
+    written = root / "written"
+    _dcp_writers.write(str(written), ["safetensors_distcp"])  # no sample: torch cannot load it back
     jobs = []
     dirs = {}
     for c in CASES:
         d = root / c.id
-        shutil.copytree(SAMPLES / c.sample, d)
+        shutil.copytree(SAMPLES / c.sample if (SAMPLES / c.sample).is_dir() else written / c.sample, d)
         if c.mutate is not None:
             c.mutate(d)
         dirs[c.id] = d
@@ -121,6 +137,17 @@ def test_a_rank_gap_is_a_missing_rank(tmp_path: Path) -> None:
     assert report.status is Status.INCOMPLETE
     (f,) = [f for f in report.findings if f.code == "CK102"]
     assert f.subject == "__1.metadata" and "left no file at all" in f.message
+
+
+def test_hf_storage_is_read_as_torch_reads_it() -> None:
+    """The distributed mode's two shard files hold w's halves at their DCP_SHARDING_INFO offsets and r once; the
+    chunks' stored bytes are raw safetensors data inside each file."""
+    c = read_checkpoint(SAMPLES / "hf_distributed", "x")
+    assert c.format is Format.TORCH_DCP and c.raw_tensor_items and "HuggingFaceStorageWriter" in (c.generation or "")
+    w = next(t for t in c.tensors if t.key == "w")
+    assert w.shape == (8, 4) and w.dtype == "float32" and sorted(ch.offsets for ch in w.chunks) == [(0, 0), (4, 0)]
+    assert all(ch.storage and ch.storage.length == 64 for ch in w.chunks)
+    assert c.topology.world_size == 2
 
 
 def test_global_metadata_wins_over_per_rank_files(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
 from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.formats.dcp_hf import hf_layout, read_hf
 from ckptinspect.formats.dcp_metadata import DcpMetadata
 from ckptinspect.formats.dcp_ranks import rank_files, read_rank_metadata
 from ckptinspect.formats.dcp_stream import read_metadata_file
@@ -62,7 +63,10 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
 
 
 def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoint:
-    """Read a plain PyTorch DCP checkpoint dir (torchtitan `step-N/`, fsdp_dtensor)."""
+    """Read a plain PyTorch DCP checkpoint dir (torchtitan `step-N/`, fsdp_dtensor), or the Hugging Face storage
+    writer's safetensors (`dcp_hf.py`)."""
+    if not (path / METADATA).exists() and not rank_files(path).metadata and hf_layout(path) is not None:
+        return read_hf(path, label)
     d = read_dcp_dir(path, label)
     md = d.metadata
     extra: dict[str, object] = {}

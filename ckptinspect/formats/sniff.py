@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
 from ckptinspect.safeio import read_small
+from ckptinspect.formats.dcp_hf import hf_layout
 from ckptinspect.formats.dcp_ranks import missing_message, rank_files
 from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_generation
@@ -147,6 +148,10 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
         if (path / "common.pt").exists():
             ev.append("common.pt present")
         return CheckpointSniff(fmt, tuple(ev), None, SniffState.CK103 if tmp else SniffState.CK102)
+    hf = hf_layout(path)
+    if hf is not None:
+        return CheckpointSniff(Format.TORCH_DCP, (hf,), "torch.distributed.checkpoint HuggingFaceStorageWriter",
+                               SniffState.COMPLETE)
     return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, SniffState.CK100)
 
 
