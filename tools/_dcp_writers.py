@@ -226,6 +226,19 @@ def write(out: str, cases: list[str]) -> None:
             raise RuntimeError(f"writing failed: {failed}")
 
 
+def load_together(jobs: list[tuple[str, str]], timeout: float = 600.0) -> dict[str, str | None]:
+    """`load` with the jobs of one world size in one run: for checkpoints expected to load (a failing one may leave
+    the ranks out of step, and the jobs after it then fail or time out: still an answer of "not loaded")."""
+    out: dict[str, str | None] = {}
+    for world in sorted({CASES[c] for c, _ in jobs}):
+        mine = [(c, d) for c, d in jobs if CASES[c] == world]
+        try:
+            out.update({d: e for (_, d), e in zip(mine, run("load", mine, world, timeout))})
+        except TimeoutError as e:
+            out.update({d: f"hung: {e}" for _, d in mine})
+    return out
+
+
 def load(jobs: list[tuple[str, str]], timeout: float = 180.0) -> dict[str, str | None]:
     """torch's own load of each (case, dir): {dir: None when it loaded and the values are what was saved, else the
     error}. Each job in its own processes: a load that fails on one rank leaves the others inside a collective of
