@@ -67,14 +67,20 @@ class Kind(enum.Enum):
     CHECKPOINT = "checkpoint"
 
 
-# Element sizes of the dtypes torch writes, by the short name used throughout the model ("float32", "bfloat16").
+# Element sizes (torch's `dtype.itemsize`) of every dtype torch 2.13 defines, by the short name used throughout the
+# model ("float32", "bfloat16"). Sub-byte types are stored one element per byte (`uint1`..`uint7`, `int1`..`int7`,
+# `bits1x8`, ...) or two per byte in one element (`float4_e2m1fn_x2`, `quint4x2`): itemsize 1 either way, which is
+# what DCP multiplies `numel` by for a stored chunk.
 DTYPE_SIZES: Mapping[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
     "complex128": 16, "complex64": 8, "complex32": 4,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
     "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
-    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1,
+    "float4_e2m1fn_x2": 1,
+    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    **{f"uint{i}": 1 for i in range(1, 8)}, **{f"int{i}": 1 for i in range(1, 8)},
 }
 
 
@@ -286,6 +292,11 @@ class Checkpoint:
     stack that adds a fact builds a new checkpoint (`dataclasses.replace`) from a copy.
     table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
       run vectorised over millions of chunks; None for formats without one (legacy).
+    rank_metadata: DCP per-rank metadata (`dcp.save(..., use_collectives=False)`): the `__R.metadata` files read and
+      merged (`formats/dcp_ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
+      replicas, not overlaps. Empty for a checkpoint with one `.metadata`.
+    raw_tensor_items: tensor chunks are raw element bytes (DCP's Hugging Face storage writer: safetensors data), not
+      torch archives: `--deep` checks their place and length only, and there is no pickle in them to scan.
     """
 
     path: str
@@ -308,6 +319,8 @@ class Checkpoint:
     reformulated: tuple[str, ...] = ()
     table: ChunkTable | None = None
     sharded_backend: ShardedBackend | None = None
+    rank_metadata: tuple[str, ...] = ()
+    raw_tensor_items: bool = False
 
     def __post_init__(self) -> None:
         # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).

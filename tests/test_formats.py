@@ -83,3 +83,15 @@ def test_tracker_parsing(tmp_path: Path, text: str, iteration: object, error: bo
     (tmp_path / "latest_checkpointed_iteration.txt").write_text(text)
     t = read_tracker(tmp_path)
     assert t.iteration == iteration and (t.error is not None) == error
+
+
+def test_unflattened_plain_dcp_is_not_an_unfinished_torch_dist() -> None:
+    """`DefaultSavePlanner(flatten_state_dict=False)` writes `planner_data` None, as Megatron's MCoreSavePlanner does:
+    without a Megatron marker (common state, ShardedObject keys, `all_local_plans`, `mcore_data`) it is plain DCP
+    (torch's own load reads both samples back: `tools/_dcp_writers.py`)."""
+    for case in ("unflattened", "unflattened_top"):
+        c = read_checkpoint(SAMPLES / "dcp_writers" / case, case)
+        assert c.format is Format.TORCH_DCP, (case, c.findings)
+        assert c.extra["sniff_state"] == "complete" and c.extra["planner_keys"] is None
+        assert any("flatten_state_dict=False" in e for e in c.extra["evidence"])
+        assert not [f for f in c.findings if f.code in ("CK101", "CK105")]

@@ -445,3 +445,67 @@ _OPS = st.sampled_from([b")", b"N", b"K\x01", b"}", b"]", b"R", b"b", b"s", b"a"
        st.sampled_from([b"\x80\x02", b"\x80\x04", b""]))
 def test_the_three_paths_agree_on_random_pickles(parts: list[bytes], head: bytes) -> None:
     _paths_agree(head + b"".join(parts) + b".")
+
+
+# --- 4. DTensor / DeviceMesh pickles (issue 25 §4): judged as torch's own `weights_only` allowlist judges them ---------
+
+DCP_WRITERS = SAMPLES / "dcp_writers"
+
+
+def test_every_torch_registered_safe_global_is_allowed_and_creatable() -> None:
+    """What torch 2.13 adds to its `weights_only` allowlist with `add_safe_globals` once `torch.distributed.tensor`
+    is imported (DCP imports it): DTensor, DTensorSpec, TensorMeta, ShardOrderEntry, DeviceMesh and its layouts, the
+    placements, NestedTensor and `_rebuild_njt`."""
+    import torch.distributed.tensor  # noqa: F401 - registers them
+    from torch.serialization import get_safe_globals
+
+    # (other torch modules register theirs when imported, e.g. `torch._dynamo`'s `_DimRange`: not checkpoint state)
+    found = [g for g in get_safe_globals() if not isinstance(g, tuple)
+             and g.__module__.startswith(("torch.distributed", "torch.nested"))]
+    assert len(found) >= 12
+    for g in found:
+        r = resolve(g.__module__, g.__qualname__)
+        assert r.allowed and (r.new_ok or r.call_ok), (g, r)
+
+
+def test_a_real_unflattened_dtensor_byte_item_is_inert() -> None:
+    """`dcp.save(..., planner=DefaultSavePlanner(flatten_state_dict=False))` of a nested dict of DTensors on a 2-D
+    mesh (Shard, Replicate, `_StridedShard`): the dict is one byte item, `torch.save` of the DTensors with their
+    DTensorSpec and DeviceMesh (NEWOBJ + BUILD) rebuilt by `_rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor,
+    ...)`. torch's own load reads it back (`tools/_dcp_writers.py`); nothing in it is called."""
+    ckpt = DCP_WRITERS / "unflattened"
+    s = scan_path(ckpt, "s")
+    assert s.status is Status.COMPLETE, s.findings
+    item = next(p for p in s.pickles if p.subject == "model")
+    for cls in ("DTensor", "DTensorSpec", "DeviceMesh", "Shard", "Replicate", "_StridedShard"):
+        assert any(q.endswith("." + cls) and v == "allowed" for q, v in item.globals.items()), (cls, item.globals)
+    assert audit(ckpt).status is Status.COMPLETE
+
+
+def _rebuild_from_type(func: tuple[str, str], new_type: tuple[str, str], inner: bytes, state: bytes = b"}") -> bytes:
+    """`torch._tensor._rebuild_from_type_v2(func, new_type, inner, state)` as a protocol-4 pickle."""
+    return (b"\x80\x04" + _g("torch._tensor", "_rebuild_from_type_v2") + b"(" + _g(*func) + _g(*new_type) + inner
+            + state + b"tR.")
+
+
+def test_rebuild_from_type_still_judges_what_it_calls(tmp_path: Path) -> None:
+    """`_rebuild_from_type_v2` runs `func(*args)`: a callee that is not inert is a call (CK604) — torch.load runs it
+    (the marker appears) — and the class must be one NEWOBJ may create; only the state is data."""
+    from hostile_samples import run_real_loader
+
+    marker = tmp_path / "ran"
+    evil = _rebuild_from_type(TIMEIT, ("torch", "Tensor"), _u(_stmt(marker)) + b"\x85")
+    path = tmp_path / "evil.pt"
+    path.write_bytes(evil)
+    run_real_loader("torch.load", str(path))
+    assert marker.exists(), "torch.load did not run the callee"
+    marker.unlink()
+    assert "timeit.timeit" in walk_pickle(evil).called
+    assert scan_path(path, "s").status is Status.UNSAFE and not marker.exists()
+    created = _rebuild_from_type(("torch._utils", "_rebuild_wrapper_subclass"), (IDX_CLS := (
+        "megatron.core.datasets.indexed_dataset", "IndexedDataset")), b"(" + _g(*IDX_CLS) + b"t")
+    assert f"{IDX_CLS[0]}.{IDX_CLS[1]}" in walk_pickle(created).called  # created: its `__setstate__` may run
+    # a hook in the state is judged as a BUILD state's is
+    hooked = _rebuild_from_type(("torch._utils", "_rebuild_tensor_v2"), ("torch", "Tensor"), b")",
+                                b"}" + _u("__setstate__") + _g(*TIMEIT) + b"s")
+    assert "timeit.timeit" in walk_pickle(hooked).called

@@ -400,8 +400,21 @@ def make_dcp_zstd(out_dir: str) -> str:
     return out_dir
 
 
-# Samples written directly by torch in this process (no Megatron, no spawn): name -> writer(out_dir).
-DIRECT_SAMPLES = {"dcp_zstd": make_dcp_zstd}
+def make_dcp_writers(out_dir: str) -> str:
+    """``sample_ckpts/dcp_writers/<case>/``: one dir per torch DCP writer mode that Megatron never uses
+    (`tools/_dcp_writers.py`: per-rank metadata, unflattened state dicts, the Hugging Face storage writer in its
+    three modes), torch 2.13.0 + safetensors 0.8.0, 2 gloo ranks where the case has them. A few KB each. Only the
+    cases torch loads back: ``safetensors_distcp`` (which torch 2.13's reader cannot load) is written by the tests."""
+    if _TOOLS_DIR not in sys.path:
+        sys.path.insert(0, _TOOLS_DIR)
+    import _dcp_writers  # noqa: E402
+
+    _dcp_writers.write(out_dir, [c for c in _dcp_writers.CASES if c != "safetensors_distcp"])
+    return out_dir
+
+
+# Samples written directly by torch (no Megatron): name -> writer(out_dir).
+DIRECT_SAMPLES = {"dcp_zstd": make_dcp_zstd, "dcp_writers": make_dcp_writers}
 
 
 def _installed_release() -> str:

@@ -273,11 +273,15 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format is Format.TORCH:
         return
     table = ckpt.table
-    if table is not None and len(ckpt.tensors) == table.n_tensors:
+    tensors: Iterable[Tensor]
+    if ckpt.rank_metadata:
+        # DCP per-rank metadata: each rank wrote (and loads) its own copy of what it holds replicated
+        tensors = [_replicas_once(t) for t in ckpt.tensors]
+    elif table is not None and len(ckpt.tensors) == table.n_tensors:
         # a streamed DCP `.metadata`: screen every 1-D tensor at once, compute exactly only where needed
         from ckptinspect.checks.columns import tensors_to_check
 
-        tensors: Iterable[Tensor] = [ckpt.tensors[i] for i in tensors_to_check(table).nonzero()[0].tolist()]
+        tensors = [ckpt.tensors[i] for i in tensors_to_check(table).nonzero()[0].tolist()]
     else:
         tensors = ckpt.tensors
     for t in tensors:
@@ -287,6 +291,19 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     for o in ckpt.objects:
         if o.storage is None:
             yield Finding("CK304", f"byte item {o.key} has no storage entry", o.key, ckpt.path)
+
+
+def _replicas_once(t: Tensor) -> Tensor:
+    """`t` with chunks that several ranks wrote at the same place counted once (`Checkpoint.rank_metadata`); a copy
+    without a storage entry is kept apart, so CK304 still sees it. Chunks that only partly overlap stay overlaps."""
+    seen: set[tuple[tuple[int, ...], tuple[int, ...], bool]] = set()
+    once = []
+    for c in t.chunks:
+        key = (c.offsets, c.sizes, c.storage is None)
+        if key not in seen:
+            seen.add(key)
+            once.append(c)
+    return t if len(once) == len(t.chunks) else dataclasses.replace(t, chunks=tuple(once))
 
 
 def _with_layout(f: Finding, ckpt: Checkpoint, t: Tensor, cov: TensorCoverage) -> Finding:

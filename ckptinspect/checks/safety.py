@@ -28,7 +28,10 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format in (None, Format.TORCH):
         return  # legacy .pt files are unpickled (and reported) by the reader
     bounds: dict[tuple[str, int], int] = {}  # decode bounds of stream-transformed tensor items
-    if ctx.deep:
+    if ckpt.raw_tensor_items:
+        # safetensors tensor data (DCP's Hugging Face storage): raw element bytes that no loader unpickles
+        items = [(o.key, o.storage) for o in ckpt.objects if o.storage is not None]
+    elif ctx.deep:
         items = [(k, it) for k, it in stored_items(ckpt.tensors, ckpt.objects, bounds) if k != COMMON_STATE_KEY]
     else:
         items = [(o.key, o.storage) for o in ckpt.objects if o.storage is not None and o.key != COMMON_STATE_KEY]

@@ -192,7 +192,7 @@ def _size_outside_listing(root: Path, name: str) -> int | None:
 def _deep(ckpt: Checkpoint, ctx: CheckContext, sizes: dict[str, int | None]) -> Iterator[Finding]:
     """Read every stored item, file by file in offset order: one open handle per `.distcp` file, sequential reads.
     zarr chunk files are raw array bytes, not torch archives: only their length is checked (CK201/CK202 above)."""
-    zarr = ckpt.sharded_backend is ShardedBackend.ZARR
+    zarr = ckpt.sharded_backend is ShardedBackend.ZARR or ckpt.raw_tensor_items  # safetensors data: raw too
 
     def readable(item: StoredItem, dtype: str | None) -> bool:
         size = sizes.get(item.file)

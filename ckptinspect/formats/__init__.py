@@ -87,10 +87,10 @@ def read_checkpoint(path: Path, label: str, megatron_context: bool = False) -> C
 def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     state_findings: tuple[Finding, ...] = ()
     if sniff.state is not SniffState.COMPLETE:
-        subject = {"CK101": "metadata.json", "CK103": ".metadata.tmp"}.get(sniff.state, ".metadata")
+        subject = sniff.subject or {"CK101": "metadata.json", "CK103": ".metadata.tmp"}.get(sniff.state, ".metadata")
         state_findings = (
-            Finding(sniff.state.value, _HALF_WRITTEN_MESSAGES[sniff.state], None if sniff.state is SniffState.CK100 else subject,
-                    label, {"evidence": list(sniff.evidence)}),
+            Finding(sniff.state.value, sniff.message or _HALF_WRITTEN_MESSAGES[sniff.state],
+                    None if sniff.state is SniffState.CK100 else subject, label, {"evidence": list(sniff.evidence)}),
         )
     if sniff.format is None:
         return Checkpoint(path=label, format=None, findings=state_findings, extra={"evidence": list(sniff.evidence)})

@@ -35,6 +35,8 @@ def role_of(name: str) -> FileRole:
         return _ROLES[base]
     if base.endswith(".distcp"):
         return FileRole.DATA
+    if base.startswith("__") and base.endswith((".metadata", ".metadata.tmp")):
+        return FileRole.METADATA  # DCP per-rank metadata (`use_collectives=False`)
     return FileRole.OTHER
 
 

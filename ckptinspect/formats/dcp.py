@@ -13,7 +13,9 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
 from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.formats.dcp_hf import hf_layout, read_hf
 from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.dcp_ranks import rank_files, read_rank_metadata
 from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
 
@@ -27,6 +29,7 @@ class DcpDir:
     files: tuple[FileInfo, ...]
     metadata: DcpMetadata | None
     findings: tuple[Finding, ...]
+    rank_metadata: tuple[str, ...] = ()  # the `__R.metadata` files merged when there is no `.metadata`
 
 
 def read_dcp_dir(path: Path, label: str) -> DcpDir:
@@ -46,11 +49,24 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
             findings.append(Finding(e.code, f".metadata: {e}", METADATA, label))
         # Also after a failed parse: the pickle may have referenced dangerous globals before failing.
         findings.extend(pickle_findings(report, METADATA, label))
+    else:
+        # `dcp.load` reads `.metadata` first and each rank's `__R.metadata` only without one (`dcp_ranks.py`)
+        rf = rank_files(path)
+        if rf.metadata:
+            md, more = read_rank_metadata(path, rf, label)
+            if rf.missing:
+                # an unfinished save (the sniff's CK102 / CK103 names the ranks): like a save without `.metadata`,
+                # its tensors are not checked (the missing ranks' chunks would read as gaps, their files as stale)
+                md = None
+            return DcpDir(files, md, tuple(more), tuple(rf.metadata.values()))
     return DcpDir(files, md, tuple(findings))
 
 
 def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoint:
-    """Read a plain PyTorch DCP checkpoint dir (torchtitan `step-N/`, fsdp_dtensor)."""
+    """Read a plain PyTorch DCP checkpoint dir (torchtitan `step-N/`, fsdp_dtensor), or the Hugging Face storage
+    writer's safetensors (`dcp_hf.py`)."""
+    if not (path / METADATA).exists() and not rank_files(path).metadata and hf_layout(path) is not None:
+        return read_hf(path, label)
     d = read_dcp_dir(path, label)
     md = d.metadata
     extra: dict[str, object] = {}
@@ -60,11 +76,14 @@ def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoi
         extra["planner_keys"] = md.planner_keys
         if md.unknown_attrs:
             extra["unknown_metadata_attrs"] = list(md.unknown_attrs)
+        if d.rank_metadata:
+            extra["rank_metadata"] = list(d.rank_metadata)
         world = _world_from_files(d.files)
     return Checkpoint(
         path=label,
         format=fmt,
-        generation="torch.distributed.checkpoint" + (f" (metadata version {md.version})" if md and md.version else ""),
+        generation="torch.distributed.checkpoint" + (f" (metadata version {md.version})" if md and md.version else "")
+        + (f", per-rank metadata of {len(d.rank_metadata)} rank(s) (use_collectives=False)" if d.rank_metadata else ""),
         iteration=_iteration_from_name(path.name),
         tensors=md.tensors if md else (),
         objects=md.objects if md else (),
@@ -74,6 +93,7 @@ def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoi
         findings=d.findings,
         extra=extra,
         table=md.table if md else None,
+        rank_metadata=d.rank_metadata,
     )
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
 from ckptinspect.safeio import read_small
+from ckptinspect.formats.dcp_hf import hf_layout
+from ckptinspect.formats.dcp_ranks import missing_message, rank_files
 from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_generation
 from ckptinspect.formats.legacy import is_legacy_dir
@@ -45,12 +47,16 @@ class CheckpointSniff:
 
     format: None when unrecognized (CK100).
     state: COMPLETE when the markers say the save finished, or the half-written code that applies.
+    subject / message: the state finding's subject and message when the generic ones would not say it (a DCP
+      per-rank save with a rank's `__R.metadata` missing); None for the generic ones.
     """
 
     format: Format | None
     evidence: tuple[str, ...]
     generation: str | None
     state: SniffState
+    subject: str | None = None
+    message: str | None = None
 
 
 def _has_data_files(path: Path) -> bool:
@@ -119,6 +125,17 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             ev.append("Megatron markers without metadata.json: a torch_dist save that was not finalized")
             return CheckpointSniff(Format.TORCH_DIST, tuple(ev), None, SniffState.CK101)
         return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
+    rf = rank_files(path)
+    if rf.metadata:
+        # `dcp.save(..., use_collectives=False)`: every rank wrote its own `__R.metadata` (`dcp_ranks.py`)
+        shown = ", ".join(rf.metadata.values())
+        ev.append(f"per-rank metadata {shown if len(rf.metadata) <= 4 else str(len(rf.metadata)) + ' files'}, no "
+                  ".metadata: dcp.save(..., use_collectives=False); dcp.load reads each rank's own")
+        if rf.missing:
+            subject, message = missing_message(rf)
+            state = SniffState.CK103 if rf.missing[0] in rf.tmp else SniffState.CK102
+            return CheckpointSniff(Format.TORCH_DCP, tuple(ev), None, state, subject, message)
+        return CheckpointSniff(Format.TORCH_DCP, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
     tmp = (path / ".metadata.tmp").exists()
     data = _has_data_files(path)
     if tmp or data:
@@ -131,6 +148,10 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
         if (path / "common.pt").exists():
             ev.append("common.pt present")
         return CheckpointSniff(fmt, tuple(ev), None, SniffState.CK103 if tmp else SniffState.CK102)
+    hf = hf_layout(path)
+    if hf is not None:
+        return CheckpointSniff(Format.TORCH_DCP, (hf,), "torch.distributed.checkpoint HuggingFaceStorageWriter",
+                               SniffState.COMPLETE)
     return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, SniffState.CK100)
 
 
@@ -217,14 +238,20 @@ def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
         markers.append("ShardedObject …/shard_<offset>_<shape> keys")
     if any(k.startswith("optimizer.distributed.") for k in keys):
         markers.append("optimizer.distributed.* keys")
-    if md.planner_keys is None and keys:
-        markers.append("planner_data is None (Megatron's MCoreSavePlanner)")
+    # Megatron-Core's own `.metadata` attributes (0.11+ `all_local_plans`, 0.8-0.15 `mcore_data`). `planner_data`
+    # None is no marker: Megatron's MCoreSavePlanner writes None, and so does torch's DefaultSavePlanner with
+    # `flatten_state_dict=False` (a plain DCP save).
+    if md.rank_items:
+        markers.append("all_local_plans (Megatron-Core's MCoreSavePlanner)")
+    if md.mcore_data:
+        markers.append("mcore_data (Megatron-Core 0.8-0.15)")
     if markers:
         return Format.TORCH_DIST, markers
     stack, why = classify_dcp_keys(keys)
     if stack is Stack.MEGATRON_FSDP:
         return Format.FSDP_DTENSOR, [why or "fsdp_dtensor key prefixes"]
-    out = ["planner_data is a non-empty fqn map (flatten_state_dict=True)"]
+    out = ["planner_data is an fqn map (flatten_state_dict=True)" if md.planner_keys is not None else
+           "planner_data is None: an unflattened state dict (DefaultSavePlanner(flatten_state_dict=False))"]
     return Format.TORCH_DCP, out + ([why] if why else [])
 
 

@@ -116,6 +116,21 @@ _ALLOWED_EXACT: frozenset[tuple[str, str]] = frozenset(
         ("numpy.dtypes", "UInt64DType"),
         ("numpy.dtypes", "Float16DType"),
         ("numpy.dtypes", "BoolDType"),
+        # What torch 2.13 registers with `torch.serialization.add_safe_globals` for its `weights_only` unpickler
+        # (`torch/distributed/tensor/__init__.py`, `device_mesh.py`, `nested/_internal/nested_tensor.py`): a pickled
+        # DTensor (`torch.save` of one, a `flatten_state_dict=False` DCP byte item) is `_rebuild_from_type_v2(
+        # _rebuild_wrapper_subclass, DTensor, ...)` with its `DTensorSpec` (mesh, placements, `TensorMeta`,
+        # `ShardOrderEntry`s) and `DeviceMesh` (`_MeshLayout` / `_FlatLayout`) made by NEWOBJ + BUILD. The
+        # placements (`Shard`, `Replicate`, `Partial`, `_StridedShard`) are allowed by module below.
+        ("torch.distributed.tensor", "DTensor"),
+        ("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
+        ("torch.distributed.tensor._dtensor_spec", "TensorMeta"),
+        ("torch.distributed.tensor._dtensor_spec", "ShardOrderEntry"),
+        ("torch.distributed.device_mesh", "DeviceMesh"),
+        ("torch.distributed._mesh_layout", "_MeshLayout"),
+        ("torch.distributed._mesh_layout", "_FlatLayout"),
+        ("torch.nested._internal.nested_tensor", "NestedTensor"),
+        ("torch.nested._internal.nested_tensor", "_rebuild_njt"),
     }
 )
 
@@ -223,7 +238,10 @@ def _attr_chain_is_dangerous(name: str) -> bool:
     return bool(parts & {"system", "popen", "eval", "exec", "__import__", "__builtins__", "__globals__", "os"})
 
 
-# torch dtype attribute names (`torch.float32`, `torch.bfloat16`, ...) → the neutral dtype name.
+# torch dtype attribute names (`torch.float32`, `torch.bfloat16`, ...) → the neutral dtype name: every `torch.dtype`
+# torch 2.13 defines (`tests/test_policy.py` enumerates `dir(torch)`), aliases included (`torch.half`, `torch.bit`).
+# A pickle names a dtype by its canonical name (`torch.float4_e2m1fn_x2`); older releases define fewer of them
+# (torch never renamed one). The neutral name is `str(dtype)` without ``torch.``.
 TORCH_DTYPES: dict[str, str] = {
     "float64": "float64", "double": "float64", "float32": "float32", "float": "float32",
     "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
@@ -232,19 +250,17 @@ TORCH_DTYPES: dict[str, str] = {
     "int64": "int64", "long": "int64", "int32": "int32", "int": "int32", "int16": "int16", "short": "int16",
     "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
     "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2", "float8_e4m3fnuz": "float8_e4m3fnuz",
-    "float8_e5m2fnuz": "float8_e5m2fnuz", "float8_e8m0fnu": "float8_e8m0fnu",
-    "qint8": "qint8", "quint8": "quint8", "qint32": "qint32", "quint4x2": "quint4x2",
+    "float8_e5m2fnuz": "float8_e5m2fnuz", "float8_e8m0fnu": "float8_e8m0fnu", "float4_e2m1fn_x2": "float4_e2m1fn_x2",
+    "qint8": "qint8", "quint8": "quint8", "qint32": "qint32", "quint4x2": "quint4x2", "quint2x4": "quint2x4",
+    "bits8": "bits8", "bits16": "bits16", "bits1x8": "bits1x8", "bits2x4": "bits2x4", "bits4x2": "bits4x2",
+    "bit": "uint1", **{f"uint{i}": f"uint{i}" for i in range(1, 8)}, **{f"int{i}": f"int{i}" for i in range(1, 8)},
 }
 _TORCH_DTYPE_NAMES = frozenset(TORCH_DTYPES)
 
-# torch attributes that are plain, non-callable constants: dtypes without a neutral name here (sub-byte and bit
-# types), quantization schemes, layouts and memory formats (torch 2.13's `weights_only` allows them all). Calling
-# one raises TypeError: nothing runs.
+# torch attributes that are plain, non-callable constants other than dtypes: quantization schemes, layouts and
+# memory formats (torch 2.13's `weights_only` allows them all). Calling one raises TypeError: nothing runs.
 TORCH_CONSTANTS: frozenset[str] = frozenset(
     {
-        "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "float4_e2m1fn_x2", "quint2x4",
-        "int1", "int2", "int3", "int4", "int5", "int6", "int7",
-        "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7",
         "per_channel_affine", "per_channel_affine_float_qparams", "per_channel_symmetric", "per_tensor_affine",
         "per_tensor_symmetric",
         "strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn", "jagged",

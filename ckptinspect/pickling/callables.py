@@ -61,6 +61,9 @@ _INERT: frozenset[tuple[str, str]] = frozenset(
         ("numpy.random._philox", "Philox"), ("numpy.random._sfc64", "SFC64"),
         ("signal", "Signals"), ("types", "SimpleNamespace"), ("collections", "Counter"),
         ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"), ("torch._utils", "_rebuild_nested_tensor"),
+        # torch 2.13 `weights_only` safe global (`nested/_internal/nested_tensor.py`): `_rebuild_njt(kwargs)` is
+        # `NestedTensor(**kwargs)`, a tensor wrapper built from the tensors it is given
+        ("torch.nested._internal.nested_tensor", "_rebuild_njt"),
     }
     # torch dtypes, layouts, memory formats and qschemes are constants, not callables: "calling" one raises
     # TypeError, so one stored where the unpickler may call it (a BUILD state, `policy.HOOK_NAMES`) runs nothing.
@@ -68,11 +71,16 @@ _INERT: frozenset[tuple[str, str]] = frozenset(
 )
 
 # Call what they are given (now or later): their arguments count as called.
-THROUGH_CALL: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("functools", "partial"), ("collections", "defaultdict"),
-        ("torch._tensor", "_rebuild_from_type_v2"), ("torch._tensor", "_rebuild_from_type"),
-    }
+THROUGH_CALL: frozenset[tuple[str, str]] = frozenset({("functools", "partial"), ("collections", "defaultdict")})
+# torch's tensor-subclass rebuilders (torch/_tensor.py, torch 2.13): `_rebuild_from_type_v2(func, new_type, args,
+# state)` runs `ret = func(*args)`, then `ret.as_subclass(new_type)` and `new_type.__setstate__(state)` when the
+# class defines one (else `torch._utils._set_obj_state`: `setattr` of each state item); `_rebuild_from_type(func,
+# type, args, dict)` the same with `ret.__dict__ = dict`. So `func` is called with `args` (judged as that call),
+# `new_type` must be a class NEWOBJ may create, and the state is data, except what it stores where the unpickler
+# looks a hook up. A DTensor pickles as `_rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, (DTensor, ...),
+# {"_spec": DTensorSpec(...)})`.
+REBUILD_FROM_TYPE: frozenset[tuple[str, str]] = frozenset(
+    {("torch._tensor", "_rebuild_from_type_v2"), ("torch._tensor", "_rebuild_from_type")}
 )
 # Call the globals they are given, and use anything else as data (numpy 2.x `numpy/random/_pickle.py`:
 # `__bit_generator_ctor(cls)` instantiates a class, looks a str up by name; `__randomstate_ctor(x, ctor)` /
@@ -99,9 +107,10 @@ THROUGH_NEW: frozenset[tuple[str, str]] = frozenset(
 # `base.__init__(obj, state)` unless base's `__init__` is `object.__init__`. Python's pickler writes it for protocols
 # 0/1 only, with `base` the nearest builtin base of `cls` (`object`, `dict`, `list`, ...).
 RECONSTRUCT: frozenset[tuple[str, str]] = frozenset({("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor")})
-THROUGH = THROUGH_CALL | THROUGH_NEW | RECONSTRUCT | THROUGH_CLASS
+THROUGH = THROUGH_CALL | THROUGH_NEW | RECONSTRUCT | THROUGH_CLASS | REBUILD_FROM_TYPE
 # What a call of a `THROUGH` global does with its arguments (`through_kind`).
-THROUGH_NONE, THROUGH_NEW_KIND, THROUGH_CALL_KIND, RECONSTRUCT_KIND, THROUGH_CLASS_KIND = 0, 1, 2, 3, 4
+THROUGH_NONE, THROUGH_NEW_KIND, THROUGH_CALL_KIND, RECONSTRUCT_KIND, THROUGH_CLASS_KIND, REBUILD_FROM_TYPE_KIND = \
+    0, 1, 2, 3, 4, 5
 # What `copyreg._reconstructor` may take as `base`: `object` and the inert constructors (whose `__new__` and
 # `__init__` run no code for any argument).
 INIT_SAFE: frozenset[tuple[str, str]] = _INERT
@@ -173,7 +182,7 @@ def through_kind(module: str, name: str) -> int:
     key = (module, name)
     return (THROUGH_CALL_KIND if key in THROUGH_CALL else THROUGH_NEW_KIND if key in THROUGH_NEW
             else RECONSTRUCT_KIND if key in RECONSTRUCT else THROUGH_CLASS_KIND if key in THROUGH_CLASS
-            else THROUGH_NONE)
+            else REBUILD_FROM_TYPE_KIND if key in REBUILD_FROM_TYPE else THROUGH_NONE)
 
 
 def callable_safely(module: str, name: str) -> bool:

@@ -232,7 +232,7 @@ def walk_segment(src: Source, pos: int, walk: PickleWalk, max_ops: int, max_stac
                         if d >= MAX_DEPTH:
                             _deep(walk, d + 1, start, names[code])
                         stack.append(d + 1)
-                    elif code in _TUPLE_OPS and len(consumed) <= 3:
+                    elif code in _TUPLE_OPS and len(consumed) <= 4:  # 4: `_rebuild_from_type_v2` operands
                         _push(walk, stack, _made(_tuple_of(consumed), _EMPTY), start, names[code])
                     elif code == _DICT_OP:
                         v = dict_value(walk, None, consumed, _combine(consumed), start)

@@ -14,6 +14,7 @@ from ckptinspect.pickling.policy import DICT_MAKERS, SLOT_HOOK_NAMES, STR_MAKERS
 from ckptinspect.pickling.opcodes import _T
 from ckptinspect.pickling.walkstate import (
     _EMPTY,
+    _REBUILD_FROM_TYPE,
     _RECONSTRUCT,
     _THROUGH_CALL,
     _THROUGH_CLASS,
@@ -66,6 +67,8 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
             names |= _reconstructed(v.qual, op, args)
         elif v.through == _THROUGH_CLASS:
             names |= _globals_called(op, args)
+        elif v.through == _REBUILD_FROM_TYPE:
+            names |= _rebuilt_from_type(walk, op, args, offset)
         elif v.through:
             for a in args:
                 if isinstance(a, _Val):
@@ -147,6 +150,30 @@ def _globals_called(op: str, args: list[object]) -> set[str]:
             return {*packed.taint}
         args = list(packed.parts)
     return {a.qual for a in args if isinstance(a, _Val) and a.qual is not None and not a.call_ok}
+
+
+def _rebuilt_from_type(walk: PickleWalk, op: str, args: list[object], offset: int) -> set[str]:
+    """What torch's `_rebuild_from_type_v2(func, new_type, args, state)` (`callables.REBUILD_FROM_TYPE`) runs
+    beyond itself: `func(*args)` (judged as that call: recorded here), `new_type.__setstate__(state)` (so `new_type`
+    must be a class NEWOBJ may create) and what the state stores where a hook is looked up (`hooked`). The state's
+    other values are set as attributes, never called. Operands the walk did not keep one by one count whole, as a
+    `THROUGH_CALL` call's do (fail closed)."""
+    if op == "REDUCE":
+        packed = args[0] if args else None
+        if not isinstance(packed, _Val):
+            return set()  # plain values only: the real call fails on them, running nothing
+        if packed.parts is None or len(packed.parts) != 4:
+            return {*packed.taint}
+        args = list(packed.parts)
+    if len(args) != 4:
+        return {q for a in args if isinstance(a, _Val) for q in a.taint}
+    func, new_type, inner, state = args
+    if isinstance(func, _Val):
+        _call(walk, ord("R"), [func, inner], offset)
+    names: set[str] = set()
+    if isinstance(new_type, _Val):
+        names |= set(new_type.ntaint) if new_type.qual is None else set() if new_type.new_ok else {new_type.qual}
+    return names | hooked(state)
 
 
 def _reconstructed(qual: str, op: str, args: list[object]) -> set[str]:

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from typing import IO
 
 from ckptinspect.pickling.allowlist import GlobalClass
-from ckptinspect.pickling.callables import RECONSTRUCT_KIND, THROUGH_CALL_KIND, THROUGH_CLASS_KIND, THROUGH_NEW_KIND
+from ckptinspect.pickling.callables import (
+    REBUILD_FROM_TYPE_KIND,
+    RECONSTRUCT_KIND,
+    THROUGH_CALL_KIND,
+    THROUGH_CLASS_KIND,
+    THROUGH_NEW_KIND,
+)
 
 MAX_LINE = 1 << 20  # protocol-0 argument lines
 WINDOW = 8 << 20  # stream read size
@@ -61,8 +67,8 @@ class _Val:
         self.strish = False
 
 
-_THROUGH_CALL, _THROUGH_NEW, _RECONSTRUCT, _THROUGH_CLASS = (
-    THROUGH_CALL_KIND, THROUGH_NEW_KIND, RECONSTRUCT_KIND, THROUGH_CLASS_KIND)
+_THROUGH_CALL, _THROUGH_NEW, _RECONSTRUCT, _THROUGH_CLASS, _REBUILD_FROM_TYPE = (
+    THROUGH_CALL_KIND, THROUGH_NEW_KIND, RECONSTRUCT_KIND, THROUGH_CLASS_KIND, REBUILD_FROM_TYPE_KIND)
 
 
 _EMPTY: frozenset[str] = frozenset()
