@@ -71,6 +71,30 @@ def _tensor_with_attr() -> Any:
     return t
 
 
+_MESH: list[Any] = []
+
+
+def _dtensor() -> Any:
+    """A DTensor on a one-rank CPU mesh (a gloo group through a file store, made once for this module)."""
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    if not _MESH:
+        if not dist.is_initialized():
+            store = tempfile.NamedTemporaryFile(prefix="ckptinspect-pg-", delete=False)
+            store.close()
+            dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1)
+        _MESH.append(init_device_mesh("cpu", (1,)))
+    return distribute_tensor(_t().arange(4.0), _MESH[0], [Shard(0)])
+
+
+def _njt() -> Any:
+    return _t().nested.nested_tensor([_t().zeros(2), _t().zeros(3)], layout=_t().jagged)
+
+
 def _reconstructor_pickle(fix_imports: bool) -> bytes:
     return pickle.dumps(_Plain(), protocol=0, fix_imports=fix_imports)
 
@@ -205,6 +229,20 @@ WITNESSES: dict[tuple[str, str], Witness] = {
                                          spelled=("torch.storage", "UntypedStorage")),
     ("torch", "sparse_coo"): Witness(lambda: {"l": _t().sparse_coo}, "a layout constant", torch=True,
                                      spelled=("torch.serialization", "_get_layout")),
+    # torch.distributed / torch.nested classes torch 2.13 registers with its weights_only unpickler: a DTensor
+    # (on a one-rank gloo mesh, `_dtensor`) pickles its DTensorSpec, TensorMeta, ShardOrderEntry, DeviceMesh and
+    # its layouts; a jagged nested tensor its NestedTensor, `_rebuild_njt` and a `_DimRange`
+    **{k: Witness(lambda: {"d": _dtensor()}, "a data class built by NEWOBJ + BUILD (no __init__ runs); DeviceMesh's "
+                  "own __setstate__ only stores fields", torch=True)
+       for k in (("torch.distributed.tensor", "DTensor"), ("torch.distributed.tensor._dtensor_spec", "DTensorSpec"),
+                 ("torch.distributed.tensor._dtensor_spec", "TensorMeta"),
+                 ("torch.distributed.tensor._dtensor_spec", "ShardOrderEntry"),
+                 ("torch.distributed.device_mesh", "DeviceMesh"), ("torch.distributed._mesh_layout", "_MeshLayout"),
+                 ("torch.distributed._mesh_layout", "_FlatLayout"))},
+    **{k: Witness(lambda: {"n": _njt()}, "NestedTensor(**kwargs) over the tensors it is given; _DimRange a frozen "
+                  "dataclass of three ints", torch=True, torch_allows=False)
+       for k in (("torch.nested._internal.nested_tensor", "NestedTensor"),
+                 ("torch.nested._internal.nested_tensor", "_rebuild_njt"), ("torch._dynamo.decorators", "_DimRange"))},
     # memory formats: the real pickler writes them from protocol 4 on (below 4 it refuses), torch's weights_only
     # refuses them; they are non-callable constants (test_torch_constants_are_not_callable): naming one runs nothing
     **{("torch", n): Witness((lambda n=n: getattr(_t(), n)), "a memory-format constant", torch_allows=False,
@@ -262,7 +300,10 @@ def test_entry_is_written_by_the_real_library_and_read_back(entry: tuple[str, st
     if witness.torch:
         archive, data = _torch_pickle(obj)
         assert f"{module}.{name}" in _qual(walk_pickle(data).globals), walk_pickle(data).globals
-        _t().load(io.BytesIO(archive), weights_only=True)  # the real loader's own allowlist takes it
+        if witness.torch_allows:
+            _t().load(io.BytesIO(archive), weights_only=True)  # the real loader's own allowlist takes it
+        else:  # the real loader, as a checkpoint of these classes is loaded (weights_only refuses _DimRange)
+            _t().load(io.BytesIO(archive), weights_only=False)
         _judged_here(data)
         return
     found = False

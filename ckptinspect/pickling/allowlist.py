@@ -137,8 +137,12 @@ _ALLOWED_EXACT: frozenset[tuple[str, str]] = frozenset(
 # Exact names allowed inside modules that are otherwise dangerous: what real checkpoints carry and the real loaders
 # allow (Megatron-Core's `safe_globals.py` registers both with torch's `weights_only` unpickler). `signal.Signals` is
 # the IntEnum whose members Megatron-LM stores in `args.exit_signal` (a lookup by value); `types.SimpleNamespace` is
-# an attribute bag. Nothing else of `signal` / `types` is allowed.
-_ALLOWED_IN_DANGEROUS: frozenset[tuple[str, str]] = frozenset({("signal", "Signals"), ("types", "SimpleNamespace")})
+# an attribute bag. `torch._dynamo.decorators._DimRange` is the frozen (dim, min, max) dataclass every jagged nested
+# tensor (NJT) carries in `_dynamo_dynamic_range` (torch's weights_only asks for torch._dynamo to be imported to load
+# one). Nothing else of `signal` / `types` / `torch._dynamo` is allowed.
+_ALLOWED_IN_DANGEROUS: frozenset[tuple[str, str]] = frozenset(
+    {("signal", "Signals"), ("types", "SimpleNamespace"), ("torch._dynamo.decorators", "_DimRange")}
+)
 
 # Modules whose every global is allowed (DCP metadata / planner classes, dtypes defined in torch itself).
 _ALLOWED_MODULE_PREFIXES: tuple[str, ...] = (

@@ -64,6 +64,7 @@ _INERT: frozenset[tuple[str, str]] = frozenset(
         # torch 2.13 `weights_only` safe global (`nested/_internal/nested_tensor.py`): `_rebuild_njt(kwargs)` is
         # `NestedTensor(**kwargs)`, a tensor wrapper built from the tensors it is given
         ("torch.nested._internal.nested_tensor", "_rebuild_njt"),
+        ("torch._dynamo.decorators", "_DimRange"),  # a frozen dataclass of three ints (an NJT's dynamic range)
     }
     # torch dtypes, layouts, memory formats and qschemes are constants, not callables: "calling" one raises
     # TypeError, so one stored where the unpickler may call it (a BUILD state, `policy.HOOK_NAMES`) runs nothing.
