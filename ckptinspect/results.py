@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union
 
+from ckptinspect.errors import CkptInspectError
 from ckptinspect.findings import Finding, Severity, Status, exceeds
 from ckptinspect.model import StrEnum
 
@@ -44,6 +45,16 @@ def fail_severity(fail_on: FailOn) -> Severity | None:
     if fail_on in ("error", "warning", "info"):
         return Severity(fail_on)
     raise ValueError(f"fail_on={fail_on!r}: expected 'error', 'warning' or 'never'")
+
+
+def _is_file(label: str) -> bool:
+    """Whether the PATH a result is about is one file (SARIF locations are then relative to its dir)."""
+    from ckptinspect.storage import location
+
+    try:
+        return location(label).is_file()
+    except (OSError, ValueError, CkptInspectError):
+        return False
 
 
 def _exit(findings: Iterable[Finding], fail_on: FailOn) -> int:
@@ -228,6 +239,17 @@ class AuditResult(_Result):
 
         return findings_junit(self.report.path, list(self.deciding_findings))
 
+    def to_sarif(self) -> str:
+        """The SARIF 2.1.0 log `ckptinspect audit -o sarif` prints (leftover iterations' findings informational)."""
+        from ckptinspect.render.sarif import sarif_document, sarif_text
+
+        r = self.report
+        props = {"kind": r.kind.value, "format": r.format.value if r.format else None, "iteration": r.iteration,
+                 "picked": r.picked.name if r.save_dir is not None and r.picked else None}
+        return sarif_text(sarif_document("audit", r.path, r.status, r.findings,
+                                         deciding={id(f) for f in self.deciding_findings},
+                                         root_is_file=_is_file(r.path), properties=props))
+
 
 class DiffVerdict(StrEnum):
     """`DiffResult.verdict`."""
@@ -303,6 +325,17 @@ class ManifestResult(_ReportResult["ManifestReport"]):
 
         return findings_junit(self.command, list(self.findings))
 
+    def to_sarif(self) -> str:
+        """The SARIF 2.1.0 log `ckptinspect manifest verify -o sarif` prints."""
+        from ckptinspect.render.sarif import sarif_document, sarif_text
+
+        r = self.report
+        root = r.path or next((f.path for f in r.findings if f.path), None) or (r.manifest_path or ".")
+        props = {"manifest": r.manifest_path, "files_checked": r.files_checked, "bytes_hashed": r.bytes_hashed,
+                 "shard": list(r.shard) if r.shard else None}
+        return sarif_text(sarif_document(self.command, root, r.status, r.findings, root_is_file=_is_file(root),
+                                         properties=props))
+
 
 @dataclass(frozen=True, slots=True)
 class WrittenManifestResult(_Result):
@@ -323,6 +356,14 @@ class ScanResult(_ReportResult["ScanReport"]):
 
     COMMAND = "scan"
     report: ScanReport
+
+    def to_sarif(self) -> str:
+        """The SARIF 2.1.0 log `ckptinspect scan -o sarif` prints (a pickle's file is relative to the scanned PATH)."""
+        from ckptinspect.render.sarif import FileBase, sarif_document, sarif_text
+
+        r = self.report
+        return sarif_text(sarif_document("scan", r.path, r.status, r.findings, root_is_file=_is_file(r.path),
+                                         file_base=FileBase.ROOT, properties={"pickles_scanned": r.pickles_scanned}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ no traceback, a JSON document with `schema_version` 1, the expected status and c
 byte-identical afterwards (the tool never writes into a checkpoint). Hostile-pickle cases and a few others run as
 real subprocesses and must leave their marker file uncreated; the rest run in-process through typer's CliRunner.
 Every document must validate against `docs/schema/audit.schema.json`, and `ckptinspect.audit(PATH)` must return
-the same document (`to_dict()`) and the same exit code (`exit_code()`).
+the same document (`to_dict()`) and the same exit code (`exit_code()`); its SARIF (`to_sarif()`, `-o sarif`) must
+validate against the SARIF 2.1.0 schema (`tests/sarif_schema.py`) with one result per finding.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ckptinspect.findings import CODES, Status
 from corpus import CASES as BASE_CASES
 from corpus import Case, Ctx, missing_source
 from corpus_layouts import LAYOUT_CASES
+from sarif_schema import sarif_doc
 from schemas import validate_document
 from corpus_stacks import STACK_CASES
 
@@ -140,6 +142,10 @@ def test_audit(case: Case, tmp_path: Path) -> None:
     r = ckptinspect.audit(path, **audit_kwargs(case.flags))
     assert r.to_dict() == doc
     assert r.exit_code() == run.exit_code
+    # `-o sarif` of the same audit: valid SARIF 2.1.0, one result per finding, the status in the run's properties
+    sarif = sarif_doc(r.to_sarif())
+    assert [x["ruleId"] for x in sarif["runs"][0]["results"]] == [f["code"] for f in doc["findings"]]
+    assert sarif["runs"][0]["properties"]["status"] == doc["status"]
     assert not ctx.marker.exists(), "a pickle from the checkpoint was executed by ckptinspect.audit"
 
 

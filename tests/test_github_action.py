@@ -1,5 +1,6 @@
 """The GitHub Action (`action.yml`): its audit step's command run as GitHub runs it, with the step's environment
-(inputs as `CKPTINSPECT_*`, `GITHUB_STEP_SUMMARY`, `GITHUB_OUTPUT`), on a real sample and a truncated copy."""
+(inputs as `CKPTINSPECT_*`, `GITHUB_STEP_SUMMARY`, `GITHUB_OUTPUT`), on a real sample and a truncated copy; the
+SARIF upload step reads what the audit step wrote (its `sarif` output), validated against the SARIF 2.1.0 schema."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sarif_schema import sarif_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_ckpts"
@@ -51,12 +57,42 @@ def test_action_declares_every_input_it_passes() -> None:
     command, env_map = audit_step()
     assert command == "python -m ckptinspect.cli.github_action"
     assert set(env_map.values()) <= set(inputs_default())
-    assert {"path", "fail-on", "junit"} <= set(env_map.values())
+    assert {"path", "fail-on", "junit", "sarif"} <= set(env_map.values())
+    # every input the action refers to anywhere is declared
+    assert set(re.findall(r"inputs\.([\w-]+)", ACTION[ACTION.index("runs:"):])) <= set(inputs_default())
+
+
+def upload_step() -> dict[str, Any]:
+    steps: list[dict[str, Any]] = yaml.safe_load(ACTION)["runs"]["steps"]
+    (step,) = [s for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif@")]
+    assert steps.index(step) > next(i for i, s in enumerate(steps) if s.get("id") == "audit")
+    return step
+
+
+def test_upload_step_takes_the_sarif_the_audit_step_wrote() -> None:
+    step = upload_step()
+    assert step["uses"] == "github/codeql-action/upload-sarif@v4"
+    assert step["with"] == {"sarif_file": "${{ steps.audit.outputs.sarif }}",
+                            "category": "${{ inputs.sarif-category }}"}
+    # opt-in, and also after a failing audit step (`always()`), but not when no SARIF was written
+    assert step["if"] == "${{ always() && inputs.upload-sarif == 'true' && steps.audit.outputs.sarif != '' }}"
+    assert inputs_default()["upload-sarif"] == "false" and inputs_default()["sarif"] == "ckptinspect.sarif"
+    assert yaml.safe_load(ACTION)["outputs"]["sarif"]["value"] == "${{ steps.audit.outputs.sarif }}"
+
+
+def uploaded(tmp_path: Path, outputs: dict[str, str]) -> dict[str, Any]:
+    """The SARIF document the upload step would send: the file named by the audit step's `sarif` output, relative
+    to the workspace (the step's working dir)."""
+    assert outputs["sarif"], outputs
+    return sarif_doc((tmp_path / outputs["sarif"]).read_text(encoding="utf-8"))
 
 
 def test_action_passes_on_a_complete_save_dir(tmp_path: Path) -> None:
     rc, stdout, summary, outputs = run_action(tmp_path, path=str(SAMPLES / "torch_dist"))
-    assert rc == 0 and outputs == {"status": "complete", "exit-code": "0"}
+    assert rc == 0 and outputs == {"status": "complete", "exit-code": "0", "sarif": "ckptinspect.sarif"}
+    doc = uploaded(tmp_path, outputs)
+    assert doc["runs"][0]["properties"]["status"] == "complete"
+    assert [r["ruleId"] for r in doc["runs"][0]["results"]] == ["CK506", "CK400", "CK101"]
     assert summary.read_text().startswith("## ckptinspect audit: ")
     assert "verdict:" in stdout
     ET.fromstring((tmp_path / "ckptinspect-junit.xml").read_text())
@@ -69,13 +105,20 @@ def test_action_fails_the_step_on_a_truncated_checkpoint(tmp_path: Path) -> None
     shutil.copytree(SAMPLES / "torch_dist", save)
     victim = save / "iter_0000002" / "__0_0.distcp"
     victim.write_bytes(victim.read_bytes()[:100])
-    rc, stdout, summary, outputs = run_action(tmp_path, path=str(save), junit="reports/audit.xml")
-    assert rc == 1 and outputs == {"status": "corrupt", "exit-code": "1"}
+    rc, stdout, summary, outputs = run_action(tmp_path, path=str(save), junit="reports/audit.xml",
+                                              sarif="reports/audit.sarif")
+    assert rc == 1 and outputs == {"status": "corrupt", "exit-code": "1", "sarif": "reports/audit.sarif"}
+    doc = uploaded(tmp_path, outputs)
+    (ck202,) = [r for r in doc["runs"][0]["results"] if r["level"] == "error"]
+    assert ck202["ruleId"] == "CK202" and doc["runs"][0]["properties"]["status"] == "corrupt"
+    assert ck202["locations"][0]["physicalLocation"]["artifactLocation"] == {
+        "uri": "iter_0000002/__0_0.distcp", "uriBaseId": "CHECKPOINT"}
     assert "::error title=CK202::" in stdout
     assert "`corrupt`" in summary.read_text() and "CK202" in summary.read_text()
     junit = ET.fromstring((tmp_path / "reports" / "audit.xml").read_text())
     assert [f.get("type") for f in junit.iter("failure")] == ["CK202"]
-    rc, _, _, outputs = run_action(tmp_path, path=str(save), ignore="CK2")
-    assert rc == 0 and outputs["status"] == "complete"
+    rc, _, _, outputs = run_action(tmp_path, path=str(save), ignore="CK2", sarif="")
+    assert rc == 0 and outputs["status"] == "complete" and outputs["sarif"] == ""  # no SARIF: no upload
     rc, stdout, _, outputs = run_action(tmp_path, path=str(tmp_path / "nope"))
     assert rc == 2 and outputs["exit-code"] == "2" and stdout.startswith("::error title=ckptinspect::")
+    assert outputs["sarif"] == ""

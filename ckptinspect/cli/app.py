@@ -170,6 +170,8 @@ def audit(
             emit_raw(r.to_markdown())
         elif output is Output.JUNIT:
             emit_raw(r.to_junit())
+        elif output is Output.SARIF:
+            emit_raw(r.to_sarif())
         else:
             from ckptinspect.render.text import render_audit
 

@@ -2,8 +2,10 @@
 
 Reads its inputs from `CKPTINSPECT_*` environment variables (set by `action.yml`), audits once through the public
 API, then: prints the text report (the step log), appends the markdown report to `$GITHUB_STEP_SUMMARY`, writes
-the JUnit XML to `CKPTINSPECT_JUNIT`, emits an `::error` / `::warning` annotation per deciding finding, writes the
-outputs `status` and `exit-code` to `$GITHUB_OUTPUT`, and exits with `ckptinspect audit`'s exit code.
+the JUnit XML to `CKPTINSPECT_JUNIT` and the SARIF log to `CKPTINSPECT_SARIF` (the next step of `action.yml` uploads
+it to code scanning when the input `upload-sarif` is true), emits an `::error` / `::warning` annotation per deciding
+finding, writes the outputs `status`, `exit-code` and `sarif` (the SARIF file written, empty for none) to
+`$GITHUB_OUTPUT`, and exits with `ckptinspect audit`'s exit code.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def main() -> int:
                   manifest=_env("MANIFEST") or None, select=_env("SELECT").split(), ignore=_env("IGNORE").split())
     except UsageError as e:
         print(f"::error title=ckptinspect::{_escape(str(e))}", flush=True)
-        _append(os.environ.get("GITHUB_OUTPUT"), f"status=\nexit-code={EXIT_USAGE}")
+        _append(os.environ.get("GITHUB_OUTPUT"), f"status=\nexit-code={EXIT_USAGE}\nsarif=")
         return EXIT_USAGE
     console().print(render_audit(r.report))
     for f in r.deciding_findings:
@@ -62,8 +64,12 @@ def main() -> int:
     if junit:
         Path(junit).parent.mkdir(parents=True, exist_ok=True)
         Path(junit).write_text(r.to_junit(), encoding="utf-8")
+    sarif = _env("SARIF", "ckptinspect.sarif")
+    if sarif:
+        Path(sarif).parent.mkdir(parents=True, exist_ok=True)
+        Path(sarif).write_text(r.to_sarif(), encoding="utf-8")
     code = r.exit_code(sev)
-    _append(os.environ.get("GITHUB_OUTPUT"), f"status={r.status.value}\nexit-code={code}")
+    _append(os.environ.get("GITHUB_OUTPUT"), f"status={r.status.value}\nexit-code={code}\nsarif={sarif}")
     sys.stdout.flush()
     return code
 

@@ -24,6 +24,7 @@ from ckptinspect.cli.shell import (
     only,
     parse_location,
     progress_bar,
+    sarif_command,
     usage_exit,
 )
 
@@ -56,7 +57,7 @@ def manifest_verify(
     def body() -> int:
         from ckptinspect.api import verify_manifest
 
-        only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
+        only(output, (Output.TEXT, Output.JSON, Output.JUNIT, Output.SARIF))
         shard_t = _parse_shard(shard)
         with progress_bar(output is Output.TEXT, "sha256") as hook:
             r = verify_manifest(path, manifest, shard=shard_t, workers=workers, select=select or (),
@@ -64,7 +65,7 @@ def manifest_verify(
         _emit_manifest_result(r, output)
         return r.exit_code(fail_on.severity)
 
-    guarded(debug, body, json_command(output, "manifest verify"))
+    guarded(debug, body, json_command(output, "manifest verify"), sarif_command(output, "manifest verify"))
 
 
 @manifest_app.command("merge")
@@ -81,7 +82,7 @@ def manifest_merge(
     def body() -> int:
         from ckptinspect.api import merge_manifest_reports
 
-        only(output, (Output.TEXT, Output.JSON, Output.JUNIT))
+        only(output, (Output.TEXT, Output.JSON, Output.JUNIT, Output.SARIF))
         docs = []
         for p in reports:
             try:
@@ -142,6 +143,8 @@ def _emit_manifest_result(r: ManifestResult, output: Output) -> None:
         emit_raw(r.to_json())
     elif output is Output.JUNIT:
         emit_raw(r.to_junit())
+    elif output is Output.SARIF:
+        emit_raw(r.to_sarif())
     else:
         from rich.console import Group, RenderableType
         from rich.text import Text

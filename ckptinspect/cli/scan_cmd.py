@@ -1,7 +1,8 @@
 """`ckptinspect scan PATH`: the pickle-safety scan command (`register(app)` adds it to the typer app).
 
-Thin shell over `ckptinspect.capabilities.scan.scan.scan_path`: parse options, scan, render (text / json / markdown / junit), exit code
-from `--fail-on`. The text and markdown renderings live here because they are this command's alone.
+Thin shell over `ckptinspect.capabilities.scan.scan.scan_path`: parse options, scan, render (text / json / markdown /
+junit / sarif), exit code from `--fail-on`. The text and markdown renderings live here because they are this
+command's alone.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def scan(
             from ckptinspect.render.junit import findings_junit
 
             emit_raw(findings_junit(f"scan {report.path}", list(report.findings)))
+        elif output is Output.SARIF:
+            emit_raw(r.to_sarif())
         else:
             emit_text(render_scan(report))
         return r.exit_code(fail_on.severity)

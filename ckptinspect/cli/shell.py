@@ -27,6 +27,7 @@ class Output(str, enum.Enum):
     JSON = "json"
     MARKDOWN = "markdown"
     JUNIT = "junit"
+    SARIF = "sarif"  # audit, scan, manifest verify / merge
 
 
 class FailOn(str, enum.Enum):
@@ -41,7 +42,7 @@ class FailOn(str, enum.Enum):
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
-OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="text | json | markdown | junit")]
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="text | json | markdown | junit | sarif")]
 FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="exit 1 on findings at or above: error | warning | never")]
 SelectOpt = Annotated[list[str] | None, typer.Option("--select", help="only findings whose code starts with this")]
 IgnoreOpt = Annotated[list[str] | None, typer.Option("--ignore", help="drop findings whose code starts with this")]
@@ -116,10 +117,12 @@ def usage_exit(message: str) -> NoReturn:
 T = TypeVar("T")
 
 
-def guarded(debug: bool, body: Callable[[], int], json_command: str | None = None) -> NoReturn:
+def guarded(debug: bool, body: Callable[[], int], json_command: str | None = None,
+            sarif_command: str | None = None) -> NoReturn:
     """Run a command body; map its outcome to the exit codes of docs/contract.md (the one error table).
 
-    `json_command`: the command's name when it writes JSON, so a broken save dir still yields a JSON document.
+    `json_command` / `sarif_command`: the command's name when it writes JSON / SARIF, so a broken save dir still
+    yields a document of that format.
     """
     try:
         code = body()
@@ -128,7 +131,7 @@ def guarded(debug: bool, body: Callable[[], int], json_command: str | None = Non
     except UsageError as e:
         usage_exit(str(e))
     except BrokenSaveDir as e:
-        _broken(e, json_command)
+        _broken(e, json_command, sarif_command)
         code = EXIT_FINDINGS
     except BrokenPipeError:
         code = EXIT_OK
@@ -143,10 +146,16 @@ def guarded(debug: bool, body: Callable[[], int], json_command: str | None = Non
     raise typer.Exit(code)
 
 
-def _broken(e: BrokenSaveDir, json_command: str | None) -> None:
+def _broken(e: BrokenSaveDir, json_command: str | None, sarif_command: str | None = None) -> None:
     """A save dir with nothing to pick: findings, exit 1 (a broken checkpoint is never a usage error)."""
     findings = [f for f in e.findings if isinstance(f, Finding)]
-    if json_command is not None:
+    if sarif_command is not None:
+        from ckptinspect.findings import status_of
+        from ckptinspect.render.sarif import sarif_document, sarif_text
+
+        root = next((f.path for f in findings if f.path), None) or "."
+        emit_raw(sarif_text(sarif_document(sarif_command, root, status_of(findings), findings)))
+    elif json_command is not None:
         from ckptinspect.findings import status_of
         from ckptinspect.render.json_doc import dumps, envelope, findings_list
 
@@ -187,3 +196,7 @@ def only(output: Output, allowed: tuple[Output, ...]) -> None:
 
 def json_command(output: Output, command: str) -> str | None:
     return command if output is Output.JSON else None
+
+
+def sarif_command(output: Output, command: str) -> str | None:
+    return command if output is Output.SARIF else None
