@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
-from ckptinspect.formats.topology import int_arg
+from ckptinspect.formats.args_values import arg_stored_int
 from ckptinspect.model import Checkpoint, Format
 
 _MEGATRON = (Format.TORCH_DIST, Format.TORCH)
@@ -36,7 +36,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         ("pipeline_model_parallel_size", "shard_pp", "mp_rank_* dirs"),
     ]
     for arg, witness, what in pairs:
-        a = int_arg(args, arg, positive=False)  # a 0 in args disagrees with the disk too
+        a = arg_stored_int(args, arg)  # a 0 disagrees with the disk too (and is CK703); "x" compares with nothing
         w = layout.get(witness)
         if witness.startswith("shard_") and w is not None and a is not None and w < a:
             continue  # fewer shard dirs than the args need is CK110 (missing shard), not a disagreement
