@@ -8,12 +8,14 @@ the virtual pipeline size.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ckptinspect.formats.args_values import arg_int
 from ckptinspect.formats.dcp_metadata import DcpMetadata
-from ckptinspect.model import Topology
+from ckptinspect.model import Tensor, Topology
+
+EXPERT_TP_SOURCE = "expert linear_fc2 chunk layout"
 
 
 def layout_from_metadata(md: DcpMetadata | None) -> dict[str, int]:
@@ -33,7 +35,33 @@ def layout_from_metadata(md: DcpMetadata | None) -> dict[str, int]:
             out["rerun_world"] = o.grid[0]
     if md.rank_items:
         out["plans_world"] = len(md.rank_items)
+    etp = expert_tp_from_chunks(md.tensors)
+    if etp is not None:
+        out["expert_tp"] = etp
     return out
+
+
+def expert_tp_from_chunks(tensors: Iterable[Tensor]) -> int | None:
+    """The expert tensor-parallel size the expert weights' chunks show, or None when no expert weight shows it.
+
+    Megatron-Core's expert `linear_fc2` is row-parallel over the expert-TP group: its ShardedTensor
+    (`…experts….linear_fc2.weight`, global `(layers, experts, hidden, ffn)` with the layer / expert axes prepended)
+    is cut along its last axis into ETP pieces, one per expert-TP rank; EP cuts the expert axis only. So the
+    number of distinct offsets along the last axis is ETP (1 when the experts are not TP-split, whatever TP is).
+    Every such tensor must agree and tile its last axis evenly, else None (no claim).
+    """
+    found: set[int] = set()
+    for t in tensors:
+        if t.key.startswith("optimizer.") or ".experts." not in t.key or not t.key.endswith("linear_fc2.weight"):
+            continue
+        if len(t.shape) < 3 or not t.chunks or not t.shape[-1]:
+            continue
+        offsets = {c.offsets[-1] for c in t.chunks}
+        sizes = {c.sizes[-1] for c in t.chunks}
+        if len(sizes) != 1 or t.shape[-1] != len(offsets) * next(iter(sizes)):
+            return None
+        found.add(len(offsets))
+    return found.pop() if len(found) == 1 else None
 
 
 def topology_from(
@@ -93,7 +121,14 @@ def _layout_extras(args: Mapping[str, Any] | None, layout: Mapping[str, int], tp
         cp, sources["cp"] = 1, "default"
     experts = arg_int(args, "num_experts", "num_moe_experts")
     etp = arg_int(args, "expert_tensor_parallel_size")
-    if etp is not None and experts:
+    on_disk = layout.get("expert_tp")
+    if on_disk is not None and on_disk != etp:
+        # args silent (Megatron's default would say ETP = TP) or contradicted by the expert weights' chunks: the
+        # chunks are what a load reshards from
+        said = f"; args say {etp}" if etp is not None else (f"; args silent, Megatron's default would be TP = {tp}"
+                                                             if tp else "")
+        etp, sources["etp"] = on_disk, f"{EXPERT_TP_SOURCE}{said}"
+    elif etp is not None and (experts or on_disk is not None):
         sources["etp"] = "args"
     elif experts and tp:
         etp, sources["etp"] = tp, "default (= TP)"  # Megatron-LM validate_args
