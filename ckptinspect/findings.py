@@ -150,6 +150,7 @@ CODES: Mapping[str, CodeInfo] = {
            "its code"),
         _c("CK701", "warning", None, "args", "no training args found in the checkpoint"),
         _c("CK702", "warning", None, "args", "args disagree with the on-disk layout"),
+        _c("CK703", "warning", None, "args", "args value of the wrong type or out of range (read as absent)"),
         _c("CK801", "info", None, "estimate", "weights written by DP rank 0 alone; a fully parallel save spreads them"),
     )
 }

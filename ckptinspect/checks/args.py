@@ -1,7 +1,8 @@
 """Args: training args present (CK701) and consistent with the on-disk layout (CK702).
 
 Witnesses: the `rng_state` grid is (PP, TP); `all_local_plans` has one plan per save-time rank; the
-`rerun_state_machine_state` grid is the world; legacy shard dirs span TP × PP (× EP).
+`rerun_state_machine_state` grid is the world; legacy shard dirs span TP × PP (× EP); the expert `linear_fc2`
+chunks show the expert-TP size.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from collections.abc import Iterator
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
-from ckptinspect.formats.topology import int_arg
+from ckptinspect.formats.args_values import arg_stored_int
+from ckptinspect.formats.topology import EXPERT_TP_SOURCE
 from ckptinspect.model import Checkpoint, Format
 
 _MEGATRON = (Format.TORCH_DIST, Format.TORCH)
@@ -34,9 +36,10 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         ("world_size", "rerun_world", "rerun_state_machine_state grid"),
         ("tensor_model_parallel_size", "shard_tp", "mp_rank_* dirs"),
         ("pipeline_model_parallel_size", "shard_pp", "mp_rank_* dirs"),
+        ("expert_tensor_parallel_size", "expert_tp", EXPERT_TP_SOURCE),
     ]
     for arg, witness, what in pairs:
-        a = int_arg(args, arg, positive=False)  # a 0 in args disagrees with the disk too
+        a = arg_stored_int(args, arg)  # a 0 disagrees with the disk too (and is CK703); "x" compares with nothing
         w = layout.get(witness)
         if witness.startswith("shard_") and w is not None and a is not None and w < a:
             continue  # fewer shard dirs than the args need is CK110 (missing shard), not a disagreement

@@ -4,11 +4,12 @@ the args say distributed optimizer (CK111), args that agree across shard files (
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice
 
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
-from ckptinspect.formats.legacy import DISTOPT_FILE, MODEL_FILE, expected_shard_dirs
-from ckptinspect.formats.topology import int_arg
+from ckptinspect.formats.legacy import DISTOPT_FILE, MODEL_FILE, iter_shard_dirs, parse_shard_dir, shard_coords
+from ckptinspect.formats.args_values import arg_flag, arg_int
 from ckptinspect.model import Checkpoint, Format
 
 # Args that legitimately differ between the processes that wrote the shards.
@@ -22,20 +23,23 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if not shard_files:
         return  # a single .pt file: nothing to cross-check
     args = ckpt.args or {}
-    tp = int_arg(args, "tensor_model_parallel_size", "model_parallel_size")
-    pp = int_arg(args, "pipeline_model_parallel_size") or 1
-    ep = int_arg(args, "expert_model_parallel_size") or 1
+    tp = arg_int(args, "tensor_model_parallel_size", "model_parallel_size")
+    # PP / EP as the reader resolved them: args when valid, else the shard dirs (`topology.sources` says which)
+    pp = ckpt.topology.pp or 1
+    ep = ckpt.topology.ep or 1
     if tp is not None:
-        expected = expected_shard_dirs(tp, pp, ep)
-        missing = [d for d in expected if d not in shard_files]
+        expected = tp * pp * ep
+        # the first missing names only (args may name a grid far larger than the dirs on disk); the count is exact
+        missing = list(islice((d for d in iter_shard_dirs(tp, pp, ep) if d not in shard_files), 1024))
         if missing:
-            yield Finding("CK110", f"{len(missing)} of {len(expected)} shard dir(s) missing for TP={tp} PP={pp}"
+            present = sum(1 for d in shard_files if _in_grid(d, tp, pp, ep))
+            yield Finding("CK110", f"{expected - present} of {expected} shard dir(s) missing for TP={tp} PP={pp}"
                           f" EP={ep}: {', '.join(missing[:8])}", missing[0], ckpt.path,
-                          {"missing": missing, "expected": len(expected)})
+                          {"missing": missing, "expected": expected})
     for name, files in sorted(shard_files.items()):
         if MODEL_FILE not in files:
             yield Finding("CK110", f"{name}: shard dir without {MODEL_FILE}", f"{name}/{MODEL_FILE}", ckpt.path)
-    if args.get("use_distributed_optimizer") is True:
+    if arg_flag(args, "use_distributed_optimizer"):
         lacking = [n for n, files in sorted(shard_files.items()) if DISTOPT_FILE not in files]
         if lacking:
             yield Finding("CK111", f"args say use_distributed_optimizer but {len(lacking)} shard dir(s) have no"
@@ -56,3 +60,13 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
                                "b": {k: repr(other.get(k)) for k in differ[:8]}})
 
 
+
+
+def _in_grid(name: str, tp: int, pp: int, ep: int) -> bool:
+    """Whether shard dir `name` is one Megatron writes for TP×PP×EP (the name shape and the coordinates)."""
+    s = parse_shard_dir(name)
+    if s is None:
+        return False
+    t, p, e = shard_coords(s, pp, ep)
+    parts = 1 + (pp > 1) + (ep > 1)
+    return (1 + (s.second is not None) + (s.third is not None)) == parts and t < tp and p < pp and e < ep

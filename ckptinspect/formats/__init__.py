@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ckptinspect.findings import Finding
+from ckptinspect.formats.args_values import args_findings
 from ckptinspect.formats.dcp import read_dcp
 from ckptinspect.formats.legacy import read_legacy
 from ckptinspect.formats.nvrx_local import LOCAL_FILE, find_local_root, read_nvrx_local, virtual_iteration
@@ -76,12 +77,19 @@ def read_checkpoint(path: Path, label: str, megatron_context: bool = False) -> C
     payload's reader, then `stacks.enrich` adds the stack's own facts and completeness findings.
     """
     if virtual_iteration(path) is not None:
-        return _read_nvrx(path, label)
+        return _with_args_findings(_read_nvrx(path, label))
     layout = outer_layout(path)
     payload = layout.payload if layout is not None else path
     sniff = sniff_checkpoint(payload, megatron_context or layout is not None)
-    return enrich(read_sniffed(payload, label, sniff), path, label, layout,
+    ckpt = enrich(read_sniffed(payload, label, sniff), path, label, layout,
                   payload_complete=sniff.state is SniffState.COMPLETE)
+    return _with_args_findings(ckpt)
+
+
+def _with_args_findings(ckpt: Checkpoint) -> Checkpoint:
+    """CK703 for the args values the readers read as absent (`args_values`), once, whichever reader found them."""
+    bad = args_findings(ckpt.args, ckpt.path, str(ckpt.extra.get("args_source") or "args"))
+    return replace(ckpt, findings=ckpt.findings + bad) if bad else ckpt
 
 
 def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:

@@ -90,10 +90,13 @@ def read_dcp_metadata_columns(
     try:
         with no_gc():
             w = Walker(f, Sink(), probe, MAX_STREAM_BYTES)
-            if fast:
-                install_fast_paths(w, fast_from)
-            root = walk(w)
-            out = _finish(root, w)
+            try:
+                if fast:
+                    install_fast_paths(w, fast_from)
+                root = walk(w)
+                out = _finish(root, w)
+            finally:
+                w.release()  # breaks the walker <-> fast-path cycle, which `no_gc`'s freeze would keep forever
         report.globals.update(probe.globals)
         return out
     except Fallback as e:

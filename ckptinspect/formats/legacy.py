@@ -10,6 +10,7 @@ local shards: they are modelled as one chunk each, tagged with their shard dir. 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ckptinspect.pickling.plain import to_plain, walk_tensors
 from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_file
+from ckptinspect.formats.args_values import arg_int
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size, frozen
 
@@ -65,7 +67,11 @@ def shard_coords(s: ShardName, pp: int, ep: int) -> tuple[int, int, int]:
 
 def expected_shard_dirs(tp: int, pp: int, ep: int) -> list[str]:
     """Shard dir names Megatron writes for this topology (`training/checkpointing.py:230-276`)."""
-    names = []
+    return list(iter_shard_dirs(tp, pp, ep))
+
+
+def iter_shard_dirs(tp: int, pp: int, ep: int) -> Iterator[str]:
+    """`expected_shard_dirs`, lazily: args may name a grid far larger than the dirs on disk."""
     for t in range(tp):
         for p in range(pp):
             for e in range(ep):
@@ -74,8 +80,7 @@ def expected_shard_dirs(tp: int, pp: int, ep: int) -> list[str]:
                     name += f"_{p:03d}"
                 if ep > 1:
                     name += f"_{e:03d}"
-                names.append(name)
-    return names
+                yield name
 
 
 def is_legacy_dir(path: Path) -> bool:
@@ -203,8 +208,8 @@ def _shard_grid(shard_files: dict[str, list[str]], args: dict[str, Any] | None) 
     parsed = [s for s in (parse_shard_dir(n) for n in shard_files) if s is not None]
     if not parsed:
         return {}
-    pp_arg = int(args.get("pipeline_model_parallel_size") or 1) if args else 1
-    ep_arg = int(args.get("expert_model_parallel_size") or 1) if args else 1
+    pp_arg = arg_int(args, "pipeline_model_parallel_size") or 1
+    ep_arg = arg_int(args, "expert_model_parallel_size") or 1
     coords = [shard_coords(s, pp_arg, ep_arg) for s in parsed]
     return {
         "shard_tp": max(c[0] for c in coords) + 1,

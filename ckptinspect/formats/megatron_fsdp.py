@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from itertools import islice
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import read_item_archive
+from ckptinspect.formats.args_values import arg_int
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint
 from ckptinspect.pickling.plain import to_plain
@@ -105,11 +107,6 @@ def swiglu_findings(shapes: Mapping[str, tuple[int, ...]], label: str) -> list[F
     return out
 
 
-def _int(args: Mapping[str, Any] | None, name: str) -> int | None:
-    v = args.get(name) if args else None
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-
-
 def rng_findings(keys: Sequence[str], args: Mapping[str, Any] | None, label: str) -> list[Finding]:
     """CK516: the `"(pp, tp)"` rng grid has a missing or malformed cell, or a cell lacks a field Megatron loads."""
     rng = [k for k in keys if k.startswith(RNG_PREFIX)]
@@ -130,14 +127,17 @@ def rng_findings(keys: Sequence[str], args: Mapping[str, Any] | None, label: str
                            "load looks its state up by f\"({pp_rank}, {tp_rank})\"", f"rng_state.{b}", label))
     if not cells:
         return out
-    pp = _int(args, "pipeline_model_parallel_size") or max(p for p, _ in cells) + 1
-    tp = _int(args, "tensor_model_parallel_size") or max(t for _, t in cells) + 1
-    missing = [(p, t) for p in range(pp) for t in range(tp) if (p, t) not in cells]
+    pp = arg_int(args, "pipeline_model_parallel_size") or max(p for p, _ in cells) + 1
+    tp = arg_int(args, "tensor_model_parallel_size") or max(t for _, t in cells) + 1
+    # the first missing cells only: args may name a grid far larger than the cells on disk (sizes up to 2**20)
+    missing = list(islice(((p, t) for p in range(pp) for t in range(tp) if (p, t) not in cells), 64))
     if missing:
+        count = pp * tp - sum(1 for p, t in cells if p < pp and t < tp)
         shown = ", ".join(f"({p}, {t})" for p, t in missing[:8])
-        out.append(Finding("CK516", f"rng_state has no cell for (pp, tp) {shown} of the {pp}x{tp} grid: Megatron "
-                           "warns and restores another rank's RNG there", f"rng_state.({missing[0][0]}, "
-                           f"{missing[0][1]})", label, {"missing": [list(c) for c in missing]}))
+        out.append(Finding("CK516", f"rng_state has no cell for (pp, tp) {shown}{' ...' if count > 8 else ''} "
+                           f"of the {pp}x{tp} grid ({count} missing): Megatron warns and restores another rank's "
+                           f"RNG there", f"rng_state.({missing[0][0]}, {missing[0][1]})", label,
+                           {"missing": [list(c) for c in missing], "missing_count": count}))
     for (p, t), fields in sorted(cells.items()):
         lack = [f for f in RNG_FIELDS if f not in fields]
         if lack:

@@ -8,28 +8,14 @@ the virtual pipeline size.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ckptinspect.formats.args_values import arg_int
 from ckptinspect.formats.dcp_metadata import DcpMetadata
-from ckptinspect.model import Topology
+from ckptinspect.model import Tensor, Topology
 
-
-def positive_int(v: Any) -> int | None:
-    """`v` when it is a positive int (not a bool), else None: how every parallel size in args is read."""
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-
-
-def int_arg(args: Mapping[str, Any] | None, *names: str, positive: bool = True) -> int | None:
-    """The first of `names` in `args` that holds an int (a positive one unless `positive=False`), else None."""
-    if not args:
-        return None
-    for n in names:
-        v = args.get(n)
-        if isinstance(v, int) and not isinstance(v, bool) and (v > 0 or not positive):
-            return v
-    return None
-
+EXPERT_TP_SOURCE = "expert linear_fc2 chunk layout"
 
 
 def layout_from_metadata(md: DcpMetadata | None) -> dict[str, int]:
@@ -49,7 +35,33 @@ def layout_from_metadata(md: DcpMetadata | None) -> dict[str, int]:
             out["rerun_world"] = o.grid[0]
     if md.rank_items:
         out["plans_world"] = len(md.rank_items)
+    etp = expert_tp_from_chunks(md.tensors)
+    if etp is not None:
+        out["expert_tp"] = etp
     return out
+
+
+def expert_tp_from_chunks(tensors: Iterable[Tensor]) -> int | None:
+    """The expert tensor-parallel size the expert weights' chunks show, or None when no expert weight shows it.
+
+    Megatron-Core's expert `linear_fc2` is row-parallel over the expert-TP group: its ShardedTensor
+    (`…experts….linear_fc2.weight`, global `(layers, experts, hidden, ffn)` with the layer / expert axes prepended)
+    is cut along its last axis into ETP pieces, one per expert-TP rank; EP cuts the expert axis only. So the
+    number of distinct offsets along the last axis is ETP (1 when the experts are not TP-split, whatever TP is).
+    Every such tensor must agree and tile its last axis evenly, else None (no claim).
+    """
+    found: set[int] = set()
+    for t in tensors:
+        if t.key.startswith("optimizer.") or ".experts." not in t.key or not t.key.endswith("linear_fc2.weight"):
+            continue
+        if len(t.shape) < 3 or not t.chunks or not t.shape[-1]:
+            continue
+        offsets = {c.offsets[-1] for c in t.chunks}
+        sizes = {c.sizes[-1] for c in t.chunks}
+        if len(sizes) != 1 or t.shape[-1] != len(offsets) * next(iter(sizes)):
+            return None
+        found.add(len(offsets))
+    return found.pop() if len(found) == 1 else None
 
 
 def topology_from(
@@ -60,12 +72,12 @@ def topology_from(
     if shard_grid:
         layout.update(shard_grid)
     sources: dict[str, str] = {}
-    tp = int_arg(args, "tensor_model_parallel_size", "model_parallel_size")
-    pp = int_arg(args, "pipeline_model_parallel_size")
-    ep = int_arg(args, "expert_model_parallel_size")
-    world = int_arg(args, "world_size")
-    dp = int_arg(args, "data_parallel_size")
-    cp = int_arg(args, "context_parallel_size") or 1
+    tp = arg_int(args, "tensor_model_parallel_size", "model_parallel_size")
+    pp = arg_int(args, "pipeline_model_parallel_size")
+    ep = arg_int(args, "expert_model_parallel_size")
+    world = arg_int(args, "world_size")
+    dp = arg_int(args, "data_parallel_size")
+    cp = arg_int(args, "context_parallel_size") or 1
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("world_size", world), ("dp", dp)):
         if value is not None:
             sources[name] = "args"
@@ -77,6 +89,8 @@ def topology_from(
         tp, sources["tp"] = layout["shard_tp"], "mp_rank_* dirs"
     if pp is None and "shard_pp" in layout:
         pp, sources["pp"] = layout["shard_pp"], "mp_rank_* dirs"
+    if ep is None and layout.get("shard_ep", 1) > 1:
+        ep, sources["ep"] = layout["shard_ep"], "mp_rank_* dirs"
     if world is None:
         for key, src in (("plans_world", "all_local_plans"), ("rerun_world", "rerun_state_machine_state grid")):
             if key in layout:
@@ -100,20 +114,27 @@ def topology_from(
 def _layout_extras(args: Mapping[str, Any] | None, layout: Mapping[str, int], tp: int | None,
                    sources: dict[str, str]) -> tuple[int | None, int | None, int | None]:
     """CP, expert-TP and VPP: args first; VPP also from the legacy `model0..N` keys; defaults only with args."""
-    cp = int_arg(args, "context_parallel_size")
+    cp = arg_int(args, "context_parallel_size")
     if cp is not None:
         sources["cp"] = "args"
     elif args:
         cp, sources["cp"] = 1, "default"
-    experts = int_arg(args, "num_experts", "num_moe_experts")
-    etp = int_arg(args, "expert_tensor_parallel_size")
-    if etp is not None and experts:
+    experts = arg_int(args, "num_experts", "num_moe_experts")
+    etp = arg_int(args, "expert_tensor_parallel_size")
+    on_disk = layout.get("expert_tp")
+    if on_disk is not None and on_disk != etp:
+        # args silent (Megatron's default would say ETP = TP) or contradicted by the expert weights' chunks: the
+        # chunks are what a load reshards from
+        said = f"; args say {etp}" if etp is not None else (f"; args silent, Megatron's default would be TP = {tp}"
+                                                             if tp else "")
+        etp, sources["etp"] = on_disk, f"{EXPERT_TP_SOURCE}{said}"
+    elif etp is not None and (experts or on_disk is not None):
         sources["etp"] = "args"
     elif experts and tp:
         etp, sources["etp"] = tp, "default (= TP)"  # Megatron-LM validate_args
     else:
         etp = None
-    vpp = int_arg(args, "virtual_pipeline_model_parallel_size")
+    vpp = arg_int(args, "virtual_pipeline_model_parallel_size")
     chunks = layout.get("model_chunks")
     if vpp is not None:
         sources["vpp"] = "args"

@@ -22,6 +22,7 @@ from ckptinspect.safeio import read_small
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import read_torch_file
+from ckptinspect.formats.args_values import arg_flag, arg_int
 from ckptinspect.formats.dcp import read_dcp_dir
 from ckptinspect.formats.dcp_metadata import DcpMetadata
 from ckptinspect.formats.generation import megatron_generation
@@ -86,7 +87,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     args = args if isinstance(args, dict) else None
     iteration = common.get("iteration") if isinstance(common, dict) else None
     if not isinstance(iteration, int):
-        iteration = args.get("iteration") if args and isinstance(args.get("iteration"), int) else None
+        iteration = arg_int(args, "iteration")
     topology, layout = topology_from(args, md)
     generation = megatron_generation(config, common_source, md, common)
     extra: dict[str, Any] = {"metadata_json": config, "common_source": common_source,
@@ -201,7 +202,7 @@ def optimizer_sharding(common: Mapping[str, Any] | None, md: DcpMetadata | None)
     keys = [t.key for t in md.tensors]
     if any(k.startswith("optimizer.distributed.") or ".optimizer.distributed." in k for k in keys):
         args = common.get("args") if isinstance(common, dict) else None
-        fps = isinstance(args, dict) and bool(args.get("ckpt_fully_parallel_save"))
+        fps = arg_flag(args if isinstance(args, dict) else None, "ckpt_fully_parallel_save")
         return "fully_sharded_model_space" if fps else "dp_zero_gather_scatter"
     if any(k.startswith("optimizer.state.") for k in keys):
         return "model_space"

@@ -57,6 +57,16 @@ class Walker:
         # fast-path markers pushed / consumed by the list append or dict update that follows them
         self.rows_pushed = self.rows_listed = self.pairs_pushed = self.pairs_set = 0
 
+    def release(self) -> None:
+        """Drop what the walk built and its fast paths. The fast paths close over the walker (`stream_fast.py`): a
+        reference cycle that holds the memo, the stack and so the whole object graph. Built under `no_gc`, which
+        freezes it, that cycle is never collected: every `.metadata` read would stay in memory for good."""
+        self.fast.clear()
+        self.stack.clear()
+        self.marks.clear()
+        self.cache.clear()
+        self.memo = Memo()
+
     def markers_ok(self) -> bool:
         return self.rows_pushed == self.rows_listed and self.pairs_pushed == self.pairs_set
 

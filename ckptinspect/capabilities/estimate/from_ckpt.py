@@ -30,6 +30,7 @@ from ckptinspect.capabilities.estimate.spec import (
     Stage,
     Target,
 )
+from ckptinspect.formats.args_values import arg_flag, arg_int, arg_text
 from ckptinspect.model import Checkpoint, Format, Tensor
 from ckptinspect.capabilities.audit.summary import component_of
 
@@ -70,13 +71,6 @@ def registration_key(key: str) -> tuple[int, int, int, str]:
     return top, inner, int(m.group(1)) if m else 0, tail
 
 
-def _arg(args: Mapping[str, Any] | None, name: str, default: Any = None) -> Any:
-    if not args:
-        return default
-    v = args.get(name)
-    return default if v is None else v
-
-
 def param_spec(t: Tensor, num_layers: int, tp: int, etp: int) -> ParamSpec | None:
     """One model tensor of a torch_dist checkpoint as a `ParamSpec` (None for a tensor without chunks)."""
     if not t.chunks:
@@ -115,8 +109,8 @@ def param_spec(t: Tensor, num_layers: int, tp: int, etp: int) -> ParamSpec | Non
 
 
 def _num_layers(ckpt: Checkpoint) -> int:
-    n = _arg(ckpt.args, "num_layers")
-    if isinstance(n, int) and n > 0:
+    n = arg_int(ckpt.args, "num_layers")
+    if n is not None:
         return n
     best = 0
     for t in ckpt.tensors:
@@ -141,7 +135,7 @@ def model_from(ckpt: Checkpoint) -> ModelSpec:
             specs.append(p)
     specs.sort(key=lambda p: registration_key(p.key))
     keys = {p.key for p in specs}
-    tied = _arg(ckpt.args, "untie_embeddings_and_output_weights", True) is False
+    tied = not arg_flag(ckpt.args, "untie_embeddings_and_output_weights", True)
     emb = next((p for p in specs if p.key == "embedding.word_embeddings.weight"), None)
     if tied and emb is not None and "output_layer.weight" not in keys:
         specs.append(replace(emb, key="output_layer.weight", stage=Stage.LAST, saved=False))
@@ -151,13 +145,11 @@ def model_from(ckpt: Checkpoint) -> ModelSpec:
 
 
 def target_from(ckpt: Checkpoint, gpus_per_node: int = 8) -> Target:
-    """The checkpoint's own topology (args first, then on-disk witnesses)."""
+    """The checkpoint's own topology as the reader found it (`Topology`: args checked by `args_values`, then
+    on-disk witnesses)."""
     topo = ckpt.topology
-    etp = _arg(ckpt.args, "expert_tensor_parallel_size")
-    return Target(tp=topo.tp or 1, pp=topo.pp or 1, dp=topo.dp or 1, ep=topo.ep or 1,
-                  cp=int(_arg(ckpt.args, "context_parallel_size", 1)),
-                  vpp=int(_arg(ckpt.args, "virtual_pipeline_model_parallel_size", 1)),
-                  etp=int(etp) if isinstance(etp, int) else None, gpus_per_node=gpus_per_node)
+    return Target(tp=topo.tp or 1, pp=topo.pp or 1, dp=topo.dp or 1, ep=topo.ep or 1, cp=topo.cp or 1,
+                  vpp=topo.vpp or 1, etp=topo.etp, gpus_per_node=gpus_per_node)
 
 
 def options_from(ckpt: Checkpoint) -> SaveOptions:
@@ -170,16 +162,16 @@ def options_from(ckpt: Checkpoint) -> SaveOptions:
     # 0.8's `fully_sharded_bucket_space` saved bucket slices like dp_reshardable
     known = {s.value: s for s in OptimSharding}
     sharding = known.get(ckpt.optimizer_sharding or "", OptimSharding.DP_RESHARDABLE)
-    opt = str(_arg(ckpt.args, "optimizer", "adam")).lower()
+    opt = (arg_text(ckpt.args, "optimizer") or "adam").lower()
     return SaveOptions(
         format=SaveFormat.TORCH if ckpt.format is Format.TORCH else SaveFormat.TORCH_DIST,
-        fully_parallel=bool(_arg(ckpt.args, "ckpt_fully_parallel_save", True)),
-        async_save=bool(_arg(ckpt.args, "async_save", False)),
-        distributed_optimizer=bool(_arg(ckpt.args, "use_distributed_optimizer", ckpt.optimizer_sharding is not None)),
+        fully_parallel=arg_flag(ckpt.args, "ckpt_fully_parallel_save", True),
+        async_save=arg_flag(ckpt.args, "async_save"),
+        distributed_optimizer=arg_flag(ckpt.args, "use_distributed_optimizer", ckpt.optimizer_sharding is not None),
         optimizer=Optimizer.SGD if opt == "sgd" else Optimizer.ADAM,
         optim_sharding=sharding,
         files_per_rank=max(per_rank.values(), default=1),
-        save_optim=not bool(_arg(ckpt.args, "no_save_optim", False)),
+        save_optim=not arg_flag(ckpt.args, "no_save_optim"),
     )
 
 

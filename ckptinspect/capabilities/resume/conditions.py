@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckptinspect.capabilities.resume.facts import RerunState, _Facts
-from ckptinspect.capabilities.resume.model import _int
+from ckptinspect.formats.args_values import arg_flag, arg_int, arg_text
 from ckptinspect.model import ShardedBackend
 
 # DistributedOptimizer.checkpoint_fully_reshardable_formats, [mc] distrib_optimizer.py:105-109
@@ -58,7 +58,7 @@ def _m_legacy_split(f: _Facts) -> str | None:
 def _suggestion(f: _Facts) -> str:
     v = f.vocab
     assert v is not None  # only called by the vocab rules, which checked it
-    best, m_saved = v.suggestion, _int(f.args.get("make_vocab_size_divisible_by"))
+    best, m_saved = v.suggestion, arg_int(f.args, "make_vocab_size_divisible_by")
     if best is None:
         if v.candidates:
             c = v.candidates[0]
@@ -72,7 +72,7 @@ def _suggestion(f: _Facts) -> str:
     if v.vocab_size is None:
         text += " for any vocabulary the saved size can have been padded from"
     if f.vocab_file_run and m_saved and best != m_saved:
-        text += (f"; but the run has a vocab_file ({f.args.get('tokenizer_type')}), so check_checkpoint_args then "
+        text += (f"; but the run has a vocab_file ({arg_text(f.args, 'tokenizer_type')}), so check_checkpoint_args then "
                  f"asserts make_vocab_size_divisible_by == {m_saved}: add --finetune (or --use-checkpoint-args on a "
                  "Megatron-LM whose build_tokenizer keeps a padded_vocab_size set from the checkpoint)")
     return text
@@ -170,7 +170,7 @@ def _o_legacy_split(f: _Facts) -> str | None:
 
 
 def _o_legacy_missing(f: _Facts) -> str | None:
-    if not f.legacy or not f.args.get("use_distributed_optimizer"):
+    if not f.legacy or not arg_flag(f.args, "use_distributed_optimizer"):
         return None
     shards: Mapping[str, Any] = f.ckpt.shard_files
     missing = sorted(s for s, files in shards.items() if "distrib_optim.pt" not in files)
@@ -239,7 +239,7 @@ def _o_dp(f: _Facts) -> str | None:
         return (f"{dp}: dp_reshardable bucket tensors have the DP-independent global shape "
                 "(gbuf_world_numel_unpadded,); every new DP×CP rank reads its own range ([mc] distrib_optimizer.py "
                 "sharded_param_state_dp_reshardable; the optimizer shards over the DP×CP group)")
-    if f.sharding == "dp_zero_gather_scatter" or (f.legacy and f.args.get("use_distributed_optimizer")):
+    if f.sharding == "dp_zero_gather_scatter" or (f.legacy and arg_flag(f.args, "use_distributed_optimizer")):
         where = "distrib_optim.pt" if f.legacy else "the param_state object"
         return (f"{dp}: DP rank 0 loads the whole unpadded buffer from {where} and scatters it, padded for the new "
                 "DP size (load_parameter_state → load_parameter_state_from_dp_zero, [mc] distrib_optimizer.py:"
@@ -258,7 +258,7 @@ def _loaded(f: _Facts) -> str | None:
 
 def _r_absent(f: _Facts) -> str | None:
     # torch_dist requests rng_state only with an unchanged (TP, PP) and no ckpt_args.no_save_rng; legacy always reads.
-    quiet = not f.legacy and (f.split_changed or f.args.get("no_save_rng"))
+    quiet = not f.legacy and (f.split_changed or arg_flag(f.args, "no_save_rng"))
     if f.has_rng or not (f.skip_flag(False) or f.release or quiet):
         return None
     return "the checkpoint holds no rng state (saved with --no-save-rng)"
@@ -308,7 +308,7 @@ def _r_ep_grid(f: _Facts) -> str | None:
 
 
 def _r_dp_init(f: _Facts) -> str | None:
-    if not f.args.get("data_parallel_random_init") or f.dst.dp is None:
+    if not arg_flag(f.args, "data_parallel_random_init") or f.dst.dp is None:
         return None
     saved = f.common.get("rng_state")
     entries = len(saved) if f.legacy and isinstance(saved, list) else f.src.dp
@@ -344,7 +344,7 @@ def _x_idle(f: _Facts) -> str | None:
 
 def _x_changed(f: _Facts) -> str | None:
     a = f.args
-    if not (_int(a.get("world_size")) and _int(a.get("data_parallel_size"))):
+    if not (arg_int(a, "world_size") and arg_int(a, "data_parallel_size")):
         why = "the checkpoint args lack world_size / data_parallel_size, and getattr(..., 0) never matches the run's"
     elif f.split_changed or f.dp_changed or f.dst.world_size != f.src.world_size:
         why = (f"world size {f.src.world_size} → {f.dst.world_size}, {f.tp_pp()}, DP {f.src.dp} → {f.dst.dp}")
@@ -391,4 +391,4 @@ def _i_missing(f: _Facts) -> str | None:
 
 def _i_load(f: _Facts) -> str | None:
     it = f.ckpt.iteration if f.ckpt.iteration is not None else f.common.get("iteration", f.common.get("total_iters"))
-    return f"iteration {it}; consumed_train_samples {f.args.get('consumed_train_samples', 0)} from the checkpoint args"
+    return f"iteration {it}; consumed_train_samples {arg_int(f.args, 'consumed_train_samples') or 0} from the checkpoint args"

@@ -14,7 +14,8 @@ from typing import Any
 
 from ckptinspect.findings import Severity
 from ckptinspect.model import Checkpoint, Format, StrEnum
-from ckptinspect.capabilities.resume.model import Layout, ResumeTarget, VocabPrediction, _int
+from ckptinspect.capabilities.resume.model import Layout, ResumeTarget, VocabPrediction
+from ckptinspect.formats.args_values import arg_flag, arg_int, arg_text
 from ckptinspect.capabilities.resume.vocab import _vocab
 
 # build_tokenizer asserts `args.vocab_file is not None` for these [tok], so check_checkpoint_args' vocab branch runs.
@@ -108,9 +109,9 @@ class _Facts:
 
 def _layouts(ckpt: Checkpoint, t: ResumeTarget, args: Mapping[str, Any]) -> tuple[Layout, Layout, str]:
     topo = ckpt.topology
-    cp = _int(args.get("context_parallel_size")) or 1
+    cp = arg_int(args, "context_parallel_size") or 1
     # Megatron's load_checkpoint defaults a missing TP/PP in the checkpoint args to 1.
-    experts = _int(args.get("num_experts"))
+    experts = arg_int(args, "num_experts")
     src_etp = topo.etp or ((topo.tp or 1) if experts else None)
     src = Layout(topo.tp or 1, topo.pp or 1, topo.dp, topo.ep or 1, cp, topo.world_size, src_etp, topo.vpp or 1)
     dcp = t.cp or cp
@@ -131,23 +132,23 @@ def _layouts(ckpt: Checkpoint, t: ResumeTarget, args: Mapping[str, Any]) -> tupl
 def _problems(a: Mapping[str, Any], src: Layout, dst: Layout) -> list[str]:
     """Divisibility the target topology needs, each naming the Megatron check that raises."""
     out: list[str] = []
-    layers, heads, ffn = _int(a.get("num_layers")), _int(a.get("num_attention_heads")), _int(a.get("ffn_hidden_size"))
+    layers, heads, ffn = arg_int(a, "num_layers"), arg_int(a, "num_attention_heads"), arg_int(a, "ffn_hidden_size")
     tp, pp, ep = dst.tp, dst.pp, dst.ep
     if layers and not any(a.get(k) for k in _UNEVEN_PP_ARGS):
-        n = layers + sum(bool(a.get(f"account_for_{x}_in_pipeline_split")) for x in ("embedding", "loss"))
+        n = layers + sum(arg_flag(a, f"account_for_{x}_in_pipeline_split") for x in ("embedding", "loss"))
         if n % pp:
             out.append(f"num_layers {n} is not divisible by PP {pp} ([mc] transformer_block.py:155 "
                        "get_num_layers_to_build: 'num_layers should be divisible by pipeline_model_parallel_size')")
     if heads and heads % tp:
         out.append(f"num_attention_heads {heads} is not a multiple of TP {tp} ([mc] transformer_config.py:924)")
-    groups = _int(a.get("num_query_groups")) if a.get("group_query_attention") else heads
+    groups = arg_int(a, "num_query_groups") if arg_flag(a, "group_query_attention") else heads
     if groups and groups % tp and tp % groups:
         out.append(f"num_query_groups {groups} is neither a multiple nor a divisor of TP {tp} "
                    "([mc] transformer_config.py:939-946)")
     if ffn and ffn % tp:
         out.append(f"ffn_hidden_size {ffn} is not divisible by TP {tp} ([mc] tensor_parallel/layers.py:842 "
                    "ColumnParallelLinear divide(output_size, TP))")
-    experts = _int(a.get("num_experts"))
+    experts = arg_int(a, "num_experts")
     if experts and experts % ep:
         out.append(f"num_experts {experts} is not divisible by EP {ep} ([mc] moe/moe_layer.py:101)")
     if not experts and ep > 1:
@@ -161,7 +162,7 @@ def _problems(a: Mapping[str, Any], src: Layout, dst: Layout) -> list[str]:
     if dst.vpp > 1 and layers and layers % (pp * dst.vpp) and not any(a.get(k) for k in _UNEVEN_PP_ARGS):
         out.append(f"num_layers {layers} is not divisible by PP × VPP {pp * dst.vpp} (Megatron-LM arguments.py "
                    "validate_args: every virtual stage needs a whole number of layers)")
-    gbs, mbs = _int(a.get("global_batch_size")), _int(a.get("micro_batch_size"))
+    gbs, mbs = arg_int(a, "global_batch_size"), arg_int(a, "micro_batch_size")
     if gbs and mbs and dst.dp and not a.get("rampup_batch_size") and gbs % (mbs * dst.dp):
         out.append(f"the saved global_batch_size {gbs} is not divisible by micro_batch_size {mbs} × DP {dst.dp} "
                    "([mc] num_microbatches_calculator.py:340); pass another --global-batch-size")
@@ -189,15 +190,15 @@ def _facts(ckpt: Checkpoint, t: ResumeTarget) -> _Facts:
     broken = tuple(f"{f.code} {f.message}" for f in ckpt.findings if f.severity is Severity.ERROR)
     vocab = _vocab(ckpt, a, src, t)
     mismatch: list[str] = []
-    m_saved = _int(a.get("make_vocab_size_divisible_by"))
-    vocab_file = bool(a.get("vocab_file")) or a.get("tokenizer_type") in VOCAB_FILE_TOKENIZERS
+    m_saved = arg_int(a, "make_vocab_size_divisible_by")
+    vocab_file = bool(arg_text(a, "vocab_file")) or arg_text(a, "tokenizer_type") in VOCAB_FILE_TOKENIZERS
     if vocab_file and t.make_vocab_size_divisible_by and m_saved and t.make_vocab_size_divisible_by != m_saved:
         mismatch.append(f"make_vocab_size_divisible_by value from checkpoint ({m_saved}) is not equal to the input "
                         f"argument value ({t.make_vocab_size_divisible_by}): check_checkpoint_args compares it "
-                        f"because the run has a vocab_file ({a.get('tokenizer_type')})")
+                        f"because the run has a vocab_file ({arg_text(a, 'tokenizer_type')})")
     opt_keys = any(x.key.startswith(("optimizer.", "distrib_optim.")) for x in ckpt.tensors) or any(
         o.family.startswith("optimizer.") for o in ckpt.objects)
-    has_opt = not a.get("no_save_optim") and ("optimizer" in common or opt_keys or ckpt.optimizer_sharding is not None)
+    has_opt = not arg_flag(a, "no_save_optim") and ("optimizer" in common or opt_keys or ckpt.optimizer_sharding is not None)
     has_rng = (any(o.family.endswith("rng_state") for o in ckpt.objects) if not legacy
                else "rng_state" in common or "random_rng_state" in common)
     return _Facts(

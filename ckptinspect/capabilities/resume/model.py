@@ -2,7 +2,7 @@
 
 Owns `Outcome`, `Verdict`, `Component`, the `SOURCES` legend, `ResumeTarget`, `Layout`, `VocabCandidate`,
 `VocabPrediction`, `ComponentPrediction`, `RuleResult`, `ResumePrediction` (with their `to_dict` JSON shapes),
-`verdict_of`, and `_int`, the one reading of a positive int-valued checkpoint arg that facts, vocab and rules share.
+and `verdict_of`. Args values are read through `formats/args_values.py` (type + range checked).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptinspect.formats.topology import positive_int
 from ckptinspect.model import frozen
 
 
@@ -204,4 +203,3 @@ def verdict_of(outcomes: Mapping[Component, ComponentPrediction]) -> Verdict:
     return Verdict.LOSSY if Outcome.DROPPED in values else Verdict.OK
 
 
-_int = positive_int  # the one definition lives with the topology readers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ckptinspect.errors import UsageError
+from ckptinspect.formats.args_values import arg_int
 from ckptinspect.model import Checkpoint, Format
 from ckptinspect.capabilities.resume.conditions import _m_unreadable
 from ckptinspect.capabilities.resume.facts import _facts
@@ -44,8 +45,8 @@ def predict_resume(ckpt: Checkpoint, target: ResumeTarget) -> ResumePrediction:
     source = {**f.src.to_dict(), "format": ckpt.format.value if ckpt.format else None,
               "generation": ckpt.generation, "iteration": ckpt.iteration, "optimizer_sharding": ckpt.optimizer_sharding,
               "padded_vocab_size": v.saved if v else None,
-              "make_vocab_size_divisible_by": f.args.get("make_vocab_size_divisible_by"),
-              "vocab_size": f.args.get("vocab_size")}
+              "make_vocab_size_divisible_by": arg_int(f.args, "make_vocab_size_divisible_by"),
+              "vocab_size": arg_int(f.args, "vocab_size")}
     dst = {**f.dst.to_dict(), "dp_source": f.dp_source,
            "make_vocab_size_divisible_by": v.divisible_by if v else target.make_vocab_size_divisible_by,
            "vocab_size": target.vocab_size, "padded_vocab_size": v.predicted if v else None,

@@ -11,26 +11,28 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.capabilities.resume.model import Layout, ResumeTarget, VocabCandidate, VocabPrediction, _int
+from ckptinspect.capabilities.resume.model import Layout, ResumeTarget, VocabCandidate, VocabPrediction
+from ckptinspect.formats.args_values import arg_int
 
 
 def _vocab(ckpt: Checkpoint, a: Mapping[str, Any], src: Layout, t: ResumeTarget) -> VocabPrediction | None:
     keys = sorted({x.key for x in ckpt.tensors if not x.key.startswith(("optimizer.", "distrib_optim."))
                    and x.key.endswith(("word_embeddings.weight", "output_layer.weight"))})
     shapes = [x.shape for x in ckpt.tensors if x.key in keys and x.shape]
-    saved = _int(a.get("padded_vocab_size"))
+    saved = arg_int(a, "padded_vocab_size")
     if saved is None and shapes:  # legacy tensors are the local TP shard of the vocabulary
         saved = shapes[0][0] * (src.tp if ckpt.format is Format.TORCH else 1)
     if saved is None:
         return None
-    hidden = shapes[0][1] if shapes and len(shapes[0]) == 2 else _int(a.get("hidden_size"))
-    m_saved = _int(a.get("make_vocab_size_divisible_by"))
+    hidden = shapes[0][1] if shapes and len(shapes[0]) == 2 else arg_int(a, "hidden_size")
+    m_saved = arg_int(a, "make_vocab_size_divisible_by")
     m = t.make_vocab_size_divisible_by or m_saved or 128  # 128 = Megatron's default
     step_saved = m_saved * src.tp if m_saved else saved  # unknown padding: any vocabulary in (0, saved]
     low_saved = max(saved - step_saved, 0)
     v, how = t.vocab_size, "given (--vocab-size)"
-    if v is None and _int(a.get("vocab_size")) and _pad(a["vocab_size"], step_saved) == saved:
-        v, how = a["vocab_size"], "from the checkpoint args"
+    saved_vocab = arg_int(a, "vocab_size")
+    if v is None and saved_vocab and _pad(saved_vocab, step_saved) == saved:
+        v, how = saved_vocab, "from the checkpoint args"
     elif v is None:
         how = f"size unknown: the tokenizer's, somewhere in ({low_saved}, {saved}]"
     cands = []
