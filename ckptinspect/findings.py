@@ -103,7 +103,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK207", "error", "unsafe", "storage", "stored item path leaves the checkpoint dir"),
         _c("CK208", "error", "incomplete", "storage",
            "stored item is stream-transformed and cannot be decoded here: not scanned or verified"),
-        _c("CK209", "info", None, "storage", "data file named by nothing in .metadata, left by the writer itself: a rank's "
+        _c("CK210", "info", None, "storage", "data file named by nothing in .metadata, left by the writer itself: a rank's "
            "zero-size chunk whose storage index another rank's took"),
         _c("CK220", "error", "incomplete", "storage", "object changed between listing and read (ETag differs)"),
         _c("CK221", "error", None, "storage", "object listed but reading it is denied (403)"),

@@ -92,7 +92,7 @@ def test_audit_agrees_with_megatron(rec: dict[str, Any], corpus_root: Path) -> N
 
 def test_a_loaded_save_passes_a_warning_gate_too(corpus_root: Path) -> None:
     """Megatron's uneven 1-D sharding gives the last ranks empty shards at one offset; DCP keeps one of them, so a
-    rank's data file (one zero-element tensor) is named by nothing. It is the writer's own (CK209, info), not a stale
+    rank's data file (one zero-element tensor) is named by nothing. It is the writer's own (CK210, info), not a stale
     leftover (CK204, warning): `--fail-on warning` passes every dir Megatron loads that has no other warning."""
     uneven = [r for r in RECORDS if "uneven_1d_sharding" in r["test"] and r["megatron"]["outcome"] == "loaded"]
     assert uneven
@@ -101,7 +101,7 @@ def test_a_loaded_save_passes_a_warning_gate_too(corpus_root: Path) -> None:
         r = CliRunner().invoke(app, ["audit", str(corpus_root / rec["path"]), "-o", "json", "--fail-on", "warning"])
         codes = {f["code"] for f in json.loads(r.stdout)["findings"]}
         assert "CK204" not in codes, rec["path"]
-        shadowed += "CK209" in codes
+        shadowed += "CK210" in codes
     assert shadowed >= 2
 
 
@@ -117,5 +117,5 @@ def test_a_stale_data_file_beside_a_loaded_save_stays_a_warning(corpus_root: Pat
     shutil.copy(ckpt / "__0_0.distcp", ckpt / "__9_0.distcp")  # a rank's data file holding a non-empty tensor
     r = CliRunner().invoke(app, ["audit", str(ckpt), "-o", "json"])
     codes = [(f["code"], f["message"].split(":")[0]) for f in json.loads(r.stdout)["findings"]
-             if f["code"] in ("CK204", "CK209")]
-    assert ("CK204", "__9_0.distcp") in codes and ("CK209", "__6_0.distcp") in codes, codes
+             if f["code"] in ("CK204", "CK210")]
+    assert ("CK204", "__9_0.distcp") in codes and ("CK210", "__6_0.distcp") in codes, codes

@@ -98,7 +98,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     empty_end = bool(unreferenced) and _has_zero_size_chunk(ckpt)
     for f in unreferenced:
         if empty_end and _WRITER_NAME.fullmatch(f.name) and _holds_only_an_empty_tensor(ckpt, f.name, f.size):
-            yield Finding("CK209", f"{f.name}: data file not referenced by .metadata, the writer's own: it holds one "
+            yield Finding("CK210", f"{f.name}: data file not referenced by .metadata, the writer's own: it holds one "
                           "zero-element tensor, a rank's empty shard that DCP's plan merge folded into another rank's",
                           f.name, ckpt.path, {"bytes": f.size})
             continue
