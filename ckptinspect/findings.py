@@ -103,6 +103,8 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK207", "error", "unsafe", "storage", "stored item path leaves the checkpoint dir"),
         _c("CK208", "error", "incomplete", "storage",
            "stored item is stream-transformed and cannot be decoded here: not scanned or verified"),
+        _c("CK209", "error", "incomplete", "storage",
+           "file or dir cannot be read here (permission denied, I/O error): not read, so not verified"),
         _c("CK220", "error", "incomplete", "storage", "object changed between listing and read (ETag differs)"),
         _c("CK221", "error", None, "storage", "object listed but reading it is denied (403)"),
         _c("CK222", "error", "corrupt", "storage", "object returned fewer bytes than its listed size"),

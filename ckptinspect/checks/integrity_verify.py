@@ -23,13 +23,16 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ckptinspect.checks.integrity_hashing import hash_many, stat_entry
+from ckptinspect.checks.integrity_hashing import hash_many, stat_entry, stat_entry_code
 from ckptinspect.progress import ProgressHook
-from ckptinspect.errors import UsageError
+from ckptinspect.errors import UsageError, read_code
 from ckptinspect.findings import CODES, Finding, Status, status_of
+from ckptinspect.safeio import probe_dir, unread_scope
+from ckptinspect.storage.findings import unread_findings
 from ckptinspect.storage.objpath import ObjectPath
 from ckptinspect.checks.integrity_hashing import ALGORITHM
 from ckptinspect.checks.integrity_report import FileResult, ManifestReport, sizes_from_report
@@ -74,7 +77,9 @@ def _load_manifest(manifest: Path, label: str) -> tuple[dict[str, Any] | None, s
     except ValueError as e:
         return bad(f"integrity manifest {where} {e}")
     except OSError as e:
-        return bad(f"integrity manifest {where} is unreadable: {e.strerror or e}", error=type(e).__name__)
+        code = read_code(e, "CK404")  # a manifest this user may not read is not a broken one (CK209)
+        return None, None, [_f(code, f"integrity manifest {where} is unreadable: {e.strerror or e}", where, label,
+                               error=type(e).__name__)]
     return _parse_manifest(raw, where, bad)
 
 
@@ -227,6 +232,20 @@ def verify_manifest(
         raise UsageError(f"{ckpt_dir} is not a directory")
     if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
         raise UsageError(f"shard {shard[0]}/{shard[1]}: need 0 <= K < N")
+    with unread_scope():
+        if probe_dir(ckpt_dir) is not None:  # a dir this user may not list or enter: nothing verified (CK209)
+            denied = unread_findings(ckpt_dir, label)
+            return ManifestReport(status_of(denied), denied, 0, 0, None, (), shard, None, label)
+        report = _verify(ckpt_dir, manifest, shard, workers, progress, label, known_sizes, hash_files)
+        late = unread_findings(ckpt_dir, label, report.findings)  # what the listing and hashing could not read
+        if not late:
+            return report
+        return replace(report, findings=report.findings + late, status=status_of(report.findings + late))
+
+
+def _verify(ckpt_dir: Path, manifest: Path | None, shard: tuple[int, int] | None, workers: int | None,
+            progress: ProgressHook | None, label: str, known_sizes: Mapping[str, int] | None,
+            hash_files: bool) -> ManifestReport:
     mpath = manifest if manifest is not None else ckpt_dir / MANIFEST_NAME
     if manifest is None and not _lexists(mpath):
         info = _f("CK400", f"no integrity manifest ({MANIFEST_NAME}) in {label}", None, label)
@@ -241,9 +260,9 @@ def verify_manifest(
     results: dict[str, FileResult] = {}
     jobs: list[tuple[str, str | ObjectPath, int]] = []
     for name, expected in mine.items():
-        size, why = stat_entry(_member(ckpt_dir, name))
+        size, why, code = stat_entry_code(_member(ckpt_dir, name))
         if size is None:
-            findings.append(_f("CK402", f"{name}: {why}", name, label, reason=why))
+            findings.append(_f(code, f"{name}: {why}", name, label, reason=why))
             results[name] = FileResult(name, expected, None, None, False)
         elif size == 0 and expected != EMPTY_SHA256:
             findings.append(_mismatch(name, expected, EMPTY_SHA256, label, 0))
@@ -261,7 +280,10 @@ def verify_manifest(
     hashed = hash_many(jobs, workers, progress, f"sha256 {label}")
     for name, _, _ in jobs:  # report in manifest order, whatever order the threads finished in
         h, expected = hashed[name], mine[name]
-        if h.digest is None:
+        if h.digest is None and h.code != "CK402":  # could not be read here: not verified, not broken
+            findings.append(_f(h.code, f"{name}: {h.error}; not hashed, so its manifest entry is not verified", name,
+                               label, reason=h.error))
+        elif h.digest is None:
             findings.append(_f("CK402", f"{name}: file missing or unreadable ({h.error})", name, label,
                                reason=h.error))
         elif h.digest != expected:
