@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from _unprivileged import Unprivileged, unprivileged  # noqa: F401 - the fixture
+from _unprivileged import Unprivileged, restore_modes, unprivileged  # noqa: F401 - the fixture
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_ckpts"
 M19 = SAMPLES / "mcore_0_19_2"  # tracker 400, iter_0000400: common_state item in __0_0, byte items in __4_0
@@ -139,7 +139,7 @@ def _all_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("mode", [0o000, 0o111], ids=["mode-000", "mode-x-only"])
-def test_sniff_diff_and_resume_on_an_unreadable_tracked_iteration(unprivileged: Unprivileged,
+def test_sniff_diff_resume_and_write_on_an_unreadable_tracked_iteration(unprivileged: Unprivileged,
                                                                         mode: int) -> None:
     save = unprivileged.copy(M19)
     unprivileged.own(save)
@@ -152,6 +152,8 @@ def test_sniff_diff_and_resume_on_an_unreadable_tracked_iteration(unprivileged: 
     assert any("CK209" in n for n in diffed.doc["notes"]), diffed.doc["notes"]
     resumed = run(unprivileged, "resume", str(save), "--tp", "2", "--pp", "2")
     assert resumed.code == 1 and resumed.doc is not None and resumed.doc["verdict"] != "ok"
+    written = run(unprivileged, "manifest", "write", str(save))
+    assert written.code == 2 and "manifest not written" in written.err and "permission denied" in written.err
 
 
 def test_an_unreadable_untracked_iteration_is_its_own_ck209(unprivileged: Unprivileged) -> None:
@@ -253,3 +255,63 @@ def test_an_unreadable_dcp_step_dir_of_a_torchtitan_run(unprivileged: Unprivileg
     (run_dir / "step-10" / "__2_0.distcp").chmod(0)
     out = run(unprivileged, "scan", str(run_dir))
     assert out.code == 1 and out.codes == {"CK209"} and (out.doc or {})["pickles_scanned"] > 0
+
+
+# --- manifest write: clean errors, nothing half-written ------------------------------------------------------------
+
+
+def _entries(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_manifest_write_into_a_read_only_dir_is_a_clean_error(unprivileged: Unprivileged) -> None:
+    """Before: exit 3 (`PermissionError` creating the temp file)."""
+    ckpt = unprivileged.copy(M19 / ITER)
+    unprivileged.own(ckpt)
+    before = (ckpt / "integrity.json").read_bytes()
+    ckpt.chmod(0o555)
+    out = run(unprivileged, "manifest", "write", str(ckpt))
+    assert out.code == 2 and "manifest not written" in out.err and "ermission denied" in out.err, out.err
+    assert str(ckpt / "integrity.json") in out.err
+    restore_modes(ckpt)
+    assert (ckpt / "integrity.json").read_bytes() == before and not [n for n in _entries(ckpt) if n.endswith(".tmp")]
+
+
+def test_manifest_write_out_into_a_read_only_dir_or_onto_a_dir(unprivileged: Unprivileged) -> None:
+    ckpt = unprivileged.copy(M19 / ITER)
+    ro = unprivileged.place("read-only")
+    ro.chmod(0o555)
+    out = run(unprivileged, "manifest", "write", str(ckpt), "--out", str(ro / "m.json"))
+    assert out.code == 2 and "manifest not written" in out.err and str(ro) in out.err, out.err
+    rw = unprivileged.place("writable")
+    unprivileged.own(rw)
+    (rw / "m.json").mkdir()
+    out = run(unprivileged, "manifest", "write", str(ckpt), "--out", str(rw / "m.json"))
+    assert out.code == 2 and "manifest not written" in out.err, out.err
+    assert _entries(rw) == ["m.json"] and (rw / "m.json").is_dir()  # no temp file left beside it
+
+
+def test_manifest_write_with_an_unreadable_listed_file_is_a_clean_error(unprivileged: Unprivileged) -> None:
+    """Before: exit 3 (`ReadError: cannot hash __3_0.distcp: PermissionError`)."""
+    ckpt = unprivileged.copy(M19 / ITER)
+    unprivileged.own(ckpt)
+    before = (ckpt / "integrity.json").read_bytes()
+    (ckpt / "__3_0.distcp").chmod(0)
+    out = run(unprivileged, "manifest", "write", str(ckpt))
+    assert out.code == 2 and "__3_0.distcp" in out.err and "ermission denied" in out.err, out.err
+    assert (ckpt / "integrity.json").read_bytes() == before
+    assert not [n for n in _entries(ckpt) if n.endswith(".tmp")]
+
+
+def test_manifest_write_recursive_with_an_unreadable_sub_dir_is_a_clean_error(unprivileged: Unprivileged) -> None:
+    """`os.walk` skips a dir it cannot list: the manifest would silently miss its files."""
+    ckpt = unprivileged.copy(M19 / ITER)
+    unprivileged.own(ckpt)
+    (ckpt / "tokenizer").mkdir()
+    (ckpt / "tokenizer" / "vocab.json").write_text("{}")
+    unprivileged.own(ckpt)
+    (ckpt / "tokenizer").chmod(0)
+    before = (ckpt / "integrity.json").read_bytes()
+    out = run(unprivileged, "manifest", "write", "--recursive", str(ckpt))
+    assert out.code == 2 and "tokenizer" in out.err and "ermission denied" in out.err, out.err
+    assert (ckpt / "integrity.json").read_bytes() == before
