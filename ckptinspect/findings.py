@@ -123,6 +123,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK403", "warning", None, "integrity", "top-level file not listed in the manifest"),
         _c("CK404", "error", "corrupt", "integrity", "manifest unreadable, wrong schema, or unsupported algorithm"),
         _c("CK405", "warning", None, "integrity", "manifest older than metadata.json (stale, from a previous save?)"),
+        _c("CK406", "warning", None, "integrity", "temp file left by an interrupted `manifest write`"),
         _c("CK501", "warning", None, "tracker", "save dir without latest_checkpointed_iteration.txt"),
         _c("CK502", "error", "corrupt", "tracker", "tracker unparseable"),
         _c("CK503", "error", "corrupt", "tracker", "tracker names an iteration dir that does not exist"),

@@ -38,6 +38,10 @@ from ckptinspect.checks.integrity_hashing import ALGORITHM
 from ckptinspect.checks.integrity_report import FileResult, ManifestReport, sizes_from_report
 
 MANIFEST_NAME = "integrity.json"  # Megatron's INTEGRITY_FNAME
+# The temp file `manifest write` writes before its atomic rename: `.<manifest name>.<pid>.<8 hex>.tmp`. A writer
+# killed between the two leaves it behind; it is never manifest content (never listed), is reported (CK406), and the
+# next write into the same dir removes those of writers that are gone.
+WRITE_TEMP = re.compile(r"^\.(?P<target>.+)\.(?P<pid>[0-9]+)\.(?P<token>[0-9a-f]{8})\.tmp$")
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _MAX_MANIFEST_BYTES = 128 * 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")  # Megatron compares `hexdigest()` strings exactly: lowercase only
@@ -157,7 +161,8 @@ def _mismatch(name: str, expected: str, actual: str, label: str, size: int) -> F
 
 
 def _unlisted(ckpt_dir: Path, listed: Mapping[str, str], manifest: Path, label: str) -> list[Finding]:
-    """CK403 for top-level regular files the manifest does not list (Megatron's writer would have)."""
+    """CK403 for top-level regular files the manifest does not list (Megatron's writer would have); CK406 for a
+    temp file an interrupted `manifest write` left (never content, so never CK403)."""
     out: list[Finding] = []
     names = {os.path.normpath(k) for k in listed}  # "./x" names the same file as "x"
     try:
@@ -167,9 +172,27 @@ def _unlisted(ckpt_dir: Path, listed: Mapping[str, str], manifest: Path, label: 
     for entry in entries:
         if entry.name == MANIFEST_NAME or entry.name in names or _same_file(entry, manifest):
             continue
-        if stat_entry(_member(ckpt_dir, entry.name))[0] is not None:
+        if WRITE_TEMP.match(entry.name):
+            out.append(_leftover(entry.name, label))
+        elif stat_entry(_member(ckpt_dir, entry.name))[0] is not None:
             out.append(_f("CK403", f"{entry.name} is not listed in the integrity manifest", entry.name, label))
     return out
+
+
+def write_leftovers(ckpt_dir: Path) -> list[str]:
+    """Names of the `manifest write` temp files (`WRITE_TEMP`) at the top of `ckpt_dir`, sorted."""
+    try:
+        return sorted(p.name for p in ckpt_dir.iterdir() if WRITE_TEMP.match(p.name))
+    except OSError:
+        return []
+
+
+def _leftover(name: str, label: str) -> Finding:
+    m = WRITE_TEMP.match(name)
+    pid = int(m.group("pid")) if m else None
+    return _f("CK406", f"{name} is the temp file of a `manifest write` (pid {pid}) that was interrupted before its "
+              "atomic rename: not manifest content; the next `manifest write` here removes it", name, label,
+              pid=pid, target=m.group("target") if m else None)
 
 
 def _member(ckpt_dir: Path, name: str) -> str | ObjectPath:
@@ -249,7 +272,8 @@ def _verify(ckpt_dir: Path, manifest: Path | None, shard: tuple[int, int] | None
     mpath = manifest if manifest is not None else ckpt_dir / MANIFEST_NAME
     if manifest is None and not _lexists(mpath):
         info = _f("CK400", f"no integrity manifest ({MANIFEST_NAME}) in {label}", None, label)
-        return ManifestReport(Status.COMPLETE, (info,), 0, 0, None, (), shard, None, label)
+        left = tuple(_leftover(n, label) for n in write_leftovers(ckpt_dir))  # a first write that was killed
+        return ManifestReport(Status.COMPLETE, (info, *left), 0, 0, None, (), shard, None, label)
     files, mdigest, findings = _load_manifest(mpath, label)
     if files is None:
         return ManifestReport(status_of(findings), tuple(findings), 0, 0, str(mpath), (), shard, mdigest, label)

@@ -3,6 +3,12 @@
 The text is byte-identical to what Megatron's `save_integrity_manifest` writes for the same files. Verifying is
 `ckptinspect.checks.integrity_verify` (the audit's integrity check and `manifest verify` share it), hashing
 `ckptinspect.checks.integrity_hashing`, merging shard reports `report.py`.
+
+A local manifest is written to a temp file (`integrity_verify.WRITE_TEMP`), fsynced, then renamed over the target:
+a reader sees the old manifest or the new one, never a part. A writer killed in between leaves the temp file; such
+files are never listed (they are not checkpoint content), `audit` / `manifest verify` report them (CK406), and the
+next successful write into the same dir removes those whose writer process is gone. Into object storage the manifest
+is one PUT (an object appears whole or not at all): no temp object exists.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.checks.integrity_hashing import ALGORITHM, hash_many, stat_entry_code
-from ckptinspect.checks.integrity_verify import MANIFEST_NAME, _member, _same_file
+from ckptinspect.checks.integrity_verify import MANIFEST_NAME, WRITE_TEMP, _member, _same_file, write_leftovers
 from ckptinspect.errors import UNREAD_CODE, ReadError, UsageError, read_code
 from ckptinspect.safeio import probe_dir, unread_scope
 from ckptinspect.progress import ProgressHook
@@ -34,8 +40,11 @@ class WrittenManifest:
 
 
 def _listing(ckpt_dir: Path, out: Path, recursive: bool) -> list[tuple[str, str | ObjectPath]]:
-    """(key, path) of the files a manifest lists, in Megatron's order: `sorted(Path(dir).iterdir(), key=str)`."""
+    """(key, path) of the files a manifest lists, in Megatron's order: `sorted(Path(dir).iterdir(), key=str)`;
+    never the out file, nor a temp file of an interrupted write (ours, `WRITE_TEMP`)."""
     def keep(p: Path) -> bool:
+        if WRITE_TEMP.match(p.name):
+            return False
         return p.is_file() and not _same_file(p, out)  # is_file follows symlinks, as Megatron's writer does
 
     top: list[tuple[str, str | ObjectPath]] = [
@@ -110,13 +119,14 @@ def write_manifest(
         target.store.write(target.key, text.encode("utf-8"))
         return WrittenManifest(str(target), tuple(entries.items()), sum(h.size for h in hashed.values()))
     _replace_atomically(target, text)
+    _remove_leftovers(target)
     return WrittenManifest(str(target), tuple(entries.items()), sum(h.size for h in hashed.values()))
 
 
 def _replace_atomically(target: Path, text: str) -> None:
     """Write `text` to a temp file beside `target`, fsync it, rename it over `target`. An `OSError` names what could
     not be done ("cannot write run/integrity.json: Permission denied"); the temp file is gone then."""
-    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # matches WRITE_TEMP
     try:
         # 0o666 & ~umask, like Megatron's plain open('w'); O_EXCL so a stale or hostile temp name is never reused.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -136,3 +146,27 @@ def _replace_atomically(target: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
         raise
 
+
+def _remove_leftovers(target: Path) -> None:
+    """Remove the temp files of earlier writes of `target` whose writer process is gone (killed in its write window).
+    A live writer's (this host's pids) is left alone; one that cannot be removed stays reported (CK406)."""
+    for name in write_leftovers(target.parent):
+        m = WRITE_TEMP.match(name)
+        if m is None or m.group("target") != target.name or _alive(int(m.group("pid"))):
+            continue
+        try:
+            (target.parent / name).unlink()
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or a number no pid can be): keep its file
+    return True
