@@ -175,7 +175,7 @@ class _UnreadLog:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.notes: dict[str, Unread] = {}
-        self.taken: set[str] = set()  # reported already in this command: met again later, not noted again
+        self.taken: dict[str, Unread] = {}  # reported already in this command: met again later, not noted again
         self.depth = 0
 
 
@@ -186,15 +186,17 @@ def _key(path: str | os.PathLike[str]) -> str:
     return os.path.normpath(os.path.abspath(os.fspath(path)))
 
 
-def note_unread(path: str | os.PathLike[str], e: BaseException, op: str) -> None:
-    """Record that `path` could not be read (`op`), when `e` is an access failure; anything else is not noted."""
+def note_unread(path: str | os.PathLike[str], e: BaseException, op: str) -> Unread | None:
+    """Record that `path` could not be read (`op`), when `e` is an access failure (anything else is not noted), and
+    return the note (also when this command reported the path already, so it is not recorded twice)."""
     if isinstance(path, ObjectPath) or not access_failure(e):
-        return
-    errno_ = cast(OSError, e).errno or errno.EACCES
+        return None
     key = _key(path)
+    note = Unread(key, op, cast(OSError, e).errno or errno.EACCES)
     with _LOG.lock:
         if key not in _LOG.taken:
-            _LOG.notes.setdefault(key, Unread(key, op, errno_))
+            return _LOG.notes.setdefault(key, note)
+    return note
 
 
 @contextmanager
@@ -225,8 +227,9 @@ def take_unread(root: str | os.PathLike[str]) -> list[Unread]:
     top = _key(root)
     with _LOG.lock:
         mine = sorted(k for k in _LOG.notes if k == top or k.startswith(top.rstrip(os.sep) + os.sep))
-        _LOG.taken.update(mine)
-        return [_LOG.notes.pop(k) for k in mine]
+        out = [_LOG.notes.pop(k) for k in mine]
+        _LOG.taken.update((n.path, n) for n in out)
+        return out
 
 
 def probe_dir(path: str | os.PathLike[str]) -> Unread | None:
@@ -240,36 +243,37 @@ def probe_dir(path: str | os.PathLike[str]) -> Unread | None:
     except (NotADirectoryError, FileNotFoundError):
         return None
     except OSError as e:
-        note_unread(path, e, "list")
-        return noted(path)
+        return note_unread(path, e, "list")
     try:
         os.stat(os.path.join(path, "."))  # "dir/." is looked up inside dir: that needs search (x) permission
     except OSError as e:
-        note_unread(path, e, "enter")
-        return noted(path)
+        return note_unread(path, e, "enter")
     return None
 
 
 def probe_readable(path: str | os.PathLike[str]) -> bool:
     """Whether the local file `path` can be opened for reading (opened and closed, nothing read); a failure for
     access is noted. True for anything else (missing, not a regular file: other checks report those), and objects."""
-    if isinstance(path, ObjectPath):
-        return True
+    return isinstance(path, ObjectPath) or _open_probe(path) is None
+
+
+def _open_probe(path: str | os.PathLike[str]) -> Unread | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        note_unread(path, e, "open")
-        return not access_failure(e)
+        return note_unread(path, e, "open")
     os.close(fd)
-    return True
+    return None
 
 
 def noted(path: str | os.PathLike[str]) -> Unread | None:
-    """The note on exactly `path` (left in the record), or None (always for an object)."""
+    """The note on exactly `path` (left in the record, or reported already in this command), or None (always for an
+    object): whether this command found `path` unreadable."""
     if isinstance(path, ObjectPath):
         return None
+    key = _key(path)
     with _LOG.lock:
-        return _LOG.notes.get(_key(path))
+        return _LOG.notes.get(key) or _LOG.taken.get(key)
 
 
 def forget(path: str | os.PathLike[str]) -> None:
@@ -295,8 +299,7 @@ def entry_problem(path: str | os.PathLike[str]) -> str | None:
     if stat.S_ISDIR(st.st_mode):
         found = probe_dir(path)
     elif stat.S_ISREG(st.st_mode):
-        probe_readable(path)
-        found = noted(path)
+        found = _open_probe(path)
     else:
         return None
     if found is None:

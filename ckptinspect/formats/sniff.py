@@ -106,7 +106,8 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
                 gen = finer.label
                 ev.extend(finer.evidence)
         # (an unreadable metadata.json hides a zarr backend: without it, no conclusion from a missing .metadata)
-        if state is SniffState.COMPLETE and not (path / ".metadata").exists() and gen != GEN_ZARR and noted(mj) is None:
+        if (state is SniffState.COMPLETE and not (path / ".metadata").exists() and gen != GEN_ZARR
+                and noted(mj) is None):
             # metadata.json is written after .metadata: a missing .metadata here was lost, not never written.
             state = SniffState.CK103 if (path / ".metadata.tmp").exists() else SniffState.CK106
         return CheckpointSniff(Format.TORCH_DIST, tuple(ev), gen, state)
