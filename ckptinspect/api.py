@@ -54,10 +54,9 @@ def _path(path: PathLike) -> tuple[Path, str]:
 
 
 def _exists(p: Path, label: str) -> None:
-    from ckptinspect.errors import UsageError
+    from ckptinspect.safeio import require_path
 
-    if not (p.exists() or p.is_symlink()):
-        raise UsageError(f"{label}: no such file or directory")
+    require_path(p, label)  # UsageError: no such file, or permission denied on PATH itself
 
 
 # --- functions -----------------------------------------------------------------------------------------------------
@@ -65,11 +64,13 @@ def _exists(p: Path, label: str) -> None:
 
 def sniff(path: PathLike) -> SniffResult:
     """What `path` is: a save dir or one checkpoint, its format, the evidence, the producer generation."""
+    from ckptinspect.formats.resolve import access_guard
     from ckptinspect.formats.sniff import sniff as do_sniff
 
     p, label = _path(path)
     _exists(p, label)
-    return SniffResult(do_sniff(p, label))
+    with access_guard(p, label):
+        return SniffResult(do_sniff(p, label))
 
 
 def read(path: PathLike) -> Checkpoint:

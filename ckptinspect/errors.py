@@ -7,6 +7,42 @@ go on (caught by the caller and turned into a finding).
 
 from __future__ import annotations
 
+import errno
+
+# What a failed read of a local file says when the bytes were never seen: no permission (EACCES, EPERM: a mode, an
+# ACL, a read-only mount's policy) or the device failed (EIO). The file may be perfectly good; the verdict on it is
+# missing (CK209), which is not what the code of a broken file (CK106, CK206, ...) says.
+ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EIO})
+UNREAD_CODE = "CK209"
+
+
+def access_failure(e: BaseException) -> bool:
+    """Whether `e` is a local read that failed for access (see `ACCESS_ERRNOS`). Object-storage errors are not:
+    they have codes of their own (CK220-CK224), reported from the storage session."""
+    if not isinstance(e, OSError) or e.errno not in ACCESS_ERRNOS:
+        return False
+    from ckptinspect.storage.backend import StorageError
+
+    return not isinstance(e, StorageError)
+
+
+def caused_by_access(e: BaseException) -> bool:
+    """Whether `e` or an exception it was raised from / while handling is an access failure."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if access_failure(cur):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def read_code(e: BaseException, code: str) -> str:
+    """The finding code for a read that failed with `e`: `code` (the file's own: CK106 for `.metadata`, ...), or
+    CK209 when the read failed for access (`caused_by_access`). The one rule every reader and check applies."""
+    return UNREAD_CODE if caused_by_access(e) else code
+
 
 class CkptInspectError(Exception):
     """Root of every exception ckptinspect raises on purpose."""
@@ -19,15 +55,21 @@ class UsageError(CkptInspectError):
 class ReadError(CkptInspectError):
     """A checkpoint file could not be read or decoded; callers turn it into a finding.
 
-    `code` is the finding code the caller should report (e.g. ``CK106`` for an unreadable `.metadata`).
+    `code` is the finding code the caller should report (e.g. ``CK106`` for an unreadable `.metadata`): the code
+    it was raised with, or CK209 when it was raised from a read that failed for access (`read_code`), so every
+    reader that turns a `ReadError` into a finding reports a permission problem as one, never as a broken file.
     """
 
     def __init__(self, message: str, code: str = "CK206") -> None:
         super().__init__(message)
-        self.code = code
+        self.raised_code = code
         # What the pickles read before the failure referenced and called (a `PickleReport`), or None: a pickle that
         # calls `os.system` and then fails to parse is unsafe, not merely corrupt.
         self.report: object | None = None
+
+    @property
+    def code(self) -> str:
+        return read_code(self, self.raised_code)
 
 
 class BrokenSaveDir(CkptInspectError):

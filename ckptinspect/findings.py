@@ -103,6 +103,8 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK207", "error", "unsafe", "storage", "stored item path leaves the checkpoint dir"),
         _c("CK208", "error", "incomplete", "storage",
            "stored item is stream-transformed and cannot be decoded here: not scanned or verified"),
+        _c("CK209", "error", "incomplete", "storage",
+           "file or dir cannot be read here (permission denied, I/O error): not read, so not verified"),
         _c("CK210", "info", None, "storage", "data file named by nothing in .metadata, left by the writer itself: a rank's "
            "zero-size chunk whose storage index another rank's took"),
         _c("CK220", "error", "incomplete", "storage", "object changed between listing and read (ETag differs)"),
@@ -123,6 +125,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK403", "warning", None, "integrity", "top-level file not listed in the manifest"),
         _c("CK404", "error", "corrupt", "integrity", "manifest unreadable, wrong schema, or unsupported algorithm"),
         _c("CK405", "warning", None, "integrity", "manifest older than metadata.json (stale, from a previous save?)"),
+        _c("CK406", "warning", None, "integrity", "temp file left by an interrupted `manifest write`"),
         _c("CK501", "warning", None, "tracker", "save dir without latest_checkpointed_iteration.txt"),
         _c("CK502", "error", "corrupt", "tracker", "tracker unparseable"),
         _c("CK503", "error", "corrupt", "tracker", "tracker names an iteration dir that does not exist"),

@@ -1,9 +1,17 @@
-"""Opening checkpoint files safely: never block on a FIFO or device, never read an unbounded amount of text.
+"""Opening checkpoint files safely: never block on a FIFO or device, never read an unbounded amount of text; and
+the record of what could not be read for access reasons.
 
 Every reader opens files through `open_regular`: the open itself is non-blocking (a FIFO in place of `.metadata`
 would otherwise hang the tool forever), and anything that is not a regular file is refused with an `OSError`.
 An object-storage path (`storage.objpath.ObjectPath`) opens as a ranged reader of the object instead; its errors
 are `OSError`s too, so the readers report them like local ones.
+
+Unread files (docs/contract.md CK209): a local file or dir that exists but cannot be opened, listed or entered for
+lack of permission, or for an I/O error, is noted here by the function that met it (`open_regular`, `probe_dir`,
+`probe_readable`, the listing helpers of `formats/_files.py`) — whatever the caller then does with the error, a
+silent skip included. `storage.findings.storage_findings` turns the notes under a checkpoint into CK209 findings
+(status `incomplete`: the verdict on those bytes is missing), so no reader or check has to remember to. Notes live
+inside `unread_scope()` (opened by every command's library function); the outermost scope forgets them at exit.
 """
 
 from __future__ import annotations
@@ -12,8 +20,13 @@ import errno
 import io
 import os
 import stat
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, cast
+
+from ckptinspect.errors import UsageError, access_failure
 
 from ckptinspect.storage.objpath import ObjectPath
 
@@ -37,7 +50,11 @@ def open_regular(path: str | os.PathLike[str], buffering: int = -1, window: Wind
     """
     if isinstance(path, ObjectPath):
         return cast(BinaryIO, path.open_reader(window, whole))
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        note_unread(path, e, "open")
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
@@ -121,3 +138,186 @@ def leaves_dir(name: str) -> bool:
     FileSystemReader opens `path / relative_path` whatever it is (torch 2.13 `filesystem.py` `read_data`)."""
     norm = name.replace("\\", "/")
     return norm.startswith("/") or ".." in norm.split("/")
+
+
+# --- unread files: permission denied, I/O errors ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Unread:
+    """One local path that exists but could not be read.
+
+    path: absolute, normalised (no symlink resolution: the path the reader used).
+    op: "open" (a file), "list" (a dir's entries), "enter" (a dir's children: no search permission).
+    errno: the error number (EACCES, EPERM, EIO).
+    """
+
+    path: str
+    op: str
+    errno: int
+
+    @property
+    def reason(self) -> str:
+        return _REASONS.get(self.errno, os.strerror(self.errno).lower())
+
+    @property
+    def what(self) -> str:
+        return {"open": "cannot open it for reading", "list": "cannot list its entries",
+                "enter": "cannot reach the files inside it"}.get(self.op, self.op)
+
+
+_REASONS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EIO: "I/O error"}
+
+
+class _UnreadLog:
+    """The notes of the running command (a process-wide record: hashing threads note into it too)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.notes: dict[str, Unread] = {}
+        self.taken: dict[str, Unread] = {}  # reported already in this command: met again later, not noted again
+        self.depth = 0
+
+
+_LOG = _UnreadLog()
+
+
+def _key(path: str | os.PathLike[str]) -> str:
+    return os.path.normpath(os.path.abspath(os.fspath(path)))
+
+
+def note_unread(path: str | os.PathLike[str], e: BaseException, op: str) -> Unread | None:
+    """Record that `path` could not be read (`op`), when `e` is an access failure (anything else is not noted), and
+    return the note (also when this command reported the path already, so it is not recorded twice)."""
+    if isinstance(path, ObjectPath) or not access_failure(e):
+        return None
+    key = _key(path)
+    note = Unread(key, op, cast(OSError, e).errno or errno.EACCES)
+    with _LOG.lock:
+        if key not in _LOG.taken:
+            return _LOG.notes.setdefault(key, note)
+    return note
+
+
+@contextmanager
+def unread_scope() -> Iterator[None]:
+    """The extent of one command: notes taken inside it are there for `take_unread`; the outermost scope starts
+    and ends with none (so a long-lived process never reports a note of an earlier command)."""
+    with _LOG.lock:
+        if _LOG.depth == 0:
+            _LOG.notes.clear()
+            _LOG.taken.clear()
+        _LOG.depth += 1
+    try:
+        yield
+    finally:
+        with _LOG.lock:
+            _LOG.depth -= 1
+            if _LOG.depth == 0:
+                _LOG.notes.clear()
+                _LOG.taken.clear()
+
+
+def take_unread(root: str | os.PathLike[str]) -> list[Unread]:
+    """The notes at or under `root`, removed from the record, sorted by path. Each path is reported once per
+    command: one taken is not noted again when a later check meets it too (the open of a data file the reader
+    could not read, retried by the safety scan)."""
+    if isinstance(root, ObjectPath):
+        return []
+    top = _key(root)
+    with _LOG.lock:
+        mine = sorted(k for k in _LOG.notes if k == top or k.startswith(top.rstrip(os.sep) + os.sep))
+        out = [_LOG.notes.pop(k) for k in mine]
+        _LOG.taken.update((n.path, n) for n in out)
+        return out
+
+
+def probe_dir(path: str | os.PathLike[str]) -> Unread | None:
+    """Whether the local dir `path` can be listed and entered (the two things a reader does with a checkpoint dir);
+    the failure, noted, when not. A path that is not a dir, or does not exist, is not this function's business."""
+    if isinstance(path, ObjectPath):
+        return None
+    try:
+        with os.scandir(path):
+            pass
+    except (NotADirectoryError, FileNotFoundError):
+        return None
+    except OSError as e:
+        return note_unread(path, e, "list")
+    try:
+        os.stat(os.path.join(path, "."))  # "dir/." is looked up inside dir: that needs search (x) permission
+    except OSError as e:
+        return note_unread(path, e, "enter")
+    return None
+
+
+def probe_readable(path: str | os.PathLike[str]) -> bool:
+    """Whether the local file `path` can be opened for reading (opened and closed, nothing read); a failure for
+    access is noted. True for anything else (missing, not a regular file: other checks report those), and objects."""
+    return isinstance(path, ObjectPath) or _open_probe(path) is None
+
+
+def _open_probe(path: str | os.PathLike[str]) -> Unread | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        return note_unread(path, e, "open")
+    os.close(fd)
+    return None
+
+
+def noted(path: str | os.PathLike[str]) -> Unread | None:
+    """The note on exactly `path` (left in the record, or reported already in this command), or None (always for an
+    object): whether this command found `path` unreadable."""
+    if isinstance(path, ObjectPath):
+        return None
+    key = _key(path)
+    with _LOG.lock:
+        return _LOG.notes.get(key) or _LOG.taken.get(key)
+
+
+def forget(path: str | os.PathLike[str]) -> None:
+    """Drop the note on exactly `path` (its caller reported it another way)."""
+    if isinstance(path, ObjectPath):
+        return
+    with _LOG.lock:
+        _LOG.notes.pop(_key(path), None)
+
+
+def entry_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why the PATH a user named cannot be read at all, as the end of an error message ("permission denied (cannot
+    list its entries)"), or None: readable, or not there (the caller says "no such file or directory"). A dir must
+    be listable and enterable, a file openable."""
+    if isinstance(path, ObjectPath):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if not access_failure(e):
+            return None
+        return f"{_REASONS.get(e.errno or 0, 'permission denied')} (a directory above it cannot be entered)"
+    if stat.S_ISDIR(st.st_mode):
+        found = probe_dir(path)
+    elif stat.S_ISREG(st.st_mode):
+        found = _open_probe(path)
+    else:
+        return None
+    if found is None:
+        return None
+    forget(path)
+    return f"{found.reason} ({found.what})"
+
+
+def require_path(path: str | os.PathLike[str], label: str) -> None:
+    """The check every command makes on the PATH it was given: `UsageError` (exit 2) naming it when it does not
+    exist or cannot be read at all ("run/: permission denied (cannot list its entries)"). Anything inside it that
+    cannot be read is a CK209 finding, not an error: the PATH was right, part of what it holds is out of reach."""
+    why = entry_problem(path)
+    if why is not None:
+        raise UsageError(f"{label}: {why}")
+    p = path if isinstance(path, ObjectPath) else os.fspath(path)
+    if isinstance(p, ObjectPath):
+        if not p.exists():
+            raise UsageError(f"{label}: no such file or directory")
+    elif not os.path.lexists(p):
+        raise UsageError(f"{label}: no such file or directory")

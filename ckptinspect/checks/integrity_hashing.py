@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from ckptinspect.errors import read_code
 from ckptinspect.progress import ProgressHook
 from ckptinspect.safeio import NotRegularFile, open_regular
 from ckptinspect.storage.objpath import ObjectPath
@@ -32,6 +33,7 @@ class _Hashed:
     digest: str | None  # None: could not be read
     size: int
     error: str | None
+    code: str = "CK402"  # what a failure is: CK402 (missing, not regular, broken), CK209 (not readable here)
 
 
 _local = threading.local()
@@ -79,7 +81,7 @@ def _hash_file(path: str | ObjectPath, tick: _Ticker | None) -> _Hashed:
     except NotRegularFile:
         return _Hashed(None, 0, "not a regular file")
     except OSError as e:
-        return _Hashed(None, total, f"{type(e).__name__}: {e.strerror or e}")
+        return _Hashed(None, total, f"{type(e).__name__}: {e.strerror or e}", read_code(e, "CK402"))
     return _Hashed(h.hexdigest(), total, None)
 
 
@@ -141,19 +143,25 @@ def hash_many(
 
 def stat_entry(path: str | ObjectPath) -> tuple[int | None, str | None]:
     """(size, None) for a regular file (symlinks followed), else (None, why it cannot be hashed)."""
+    size, why, _ = stat_entry_code(path)
+    return size, why
+
+
+def stat_entry_code(path: str | ObjectPath) -> tuple[int | None, str | None, str]:
+    """`stat_entry` and the finding code of a failure: CK402, or CK209 when a dir above it cannot be entered."""
     if isinstance(path, ObjectPath):
         info = path.object_info()
         if info is None:
-            return None, "is a directory" if path.is_dir() else "object missing"
-        return info.size, None
+            return None, "is a directory" if path.is_dir() else "object missing", "CK402"
+        return info.size, None, "CK402"
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return None, "broken symlink" if os.path.islink(path) else "file missing"
+        return None, "broken symlink" if os.path.islink(path) else "file missing", "CK402"
     except OSError as e:  # ELOOP, EACCES on a parent, ENAMETOOLONG ...
-        return None, f"unreadable ({type(e).__name__}: {e.strerror or e})"
+        return None, f"unreadable ({type(e).__name__}: {e.strerror or e})", read_code(e, "CK402")
     if stat.S_ISDIR(st.st_mode):
-        return None, "is a directory"
+        return None, "is a directory", "CK402"
     if not stat.S_ISREG(st.st_mode):
-        return None, "not a regular file (FIFO, socket or device)"
-    return st.st_size, None
+        return None, "not a regular file (FIFO, socket or device)", "CK402"
+    return st.st_size, None, "CK402"

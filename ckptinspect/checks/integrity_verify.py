@@ -23,18 +23,25 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ckptinspect.checks.integrity_hashing import hash_many, stat_entry
+from ckptinspect.checks.integrity_hashing import hash_many, stat_entry, stat_entry_code
 from ckptinspect.progress import ProgressHook
-from ckptinspect.errors import UsageError
+from ckptinspect.errors import UsageError, read_code
 from ckptinspect.findings import CODES, Finding, Status, status_of
+from ckptinspect.safeio import probe_dir, unread_scope
+from ckptinspect.storage.findings import unread_findings
 from ckptinspect.storage.objpath import ObjectPath
 from ckptinspect.checks.integrity_hashing import ALGORITHM
 from ckptinspect.checks.integrity_report import FileResult, ManifestReport, sizes_from_report
 
 MANIFEST_NAME = "integrity.json"  # Megatron's INTEGRITY_FNAME
+# The temp file `manifest write` writes before its atomic rename: `.<manifest name>.<pid>.<8 hex>.tmp`. A writer
+# killed between the two leaves it behind; it is never manifest content (never listed), is reported (CK406), and the
+# next write into the same dir removes those of writers that are gone.
+WRITE_TEMP = re.compile(r"^\.(?P<target>.+)\.(?P<pid>[0-9]+)\.(?P<token>[0-9a-f]{8})\.tmp$")
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _MAX_MANIFEST_BYTES = 128 * 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")  # Megatron compares `hexdigest()` strings exactly: lowercase only
@@ -74,7 +81,9 @@ def _load_manifest(manifest: Path, label: str) -> tuple[dict[str, Any] | None, s
     except ValueError as e:
         return bad(f"integrity manifest {where} {e}")
     except OSError as e:
-        return bad(f"integrity manifest {where} is unreadable: {e.strerror or e}", error=type(e).__name__)
+        code = read_code(e, "CK404")  # a manifest this user may not read is not a broken one (CK209)
+        return None, None, [_f(code, f"integrity manifest {where} is unreadable: {e.strerror or e}", where, label,
+                               error=type(e).__name__)]
     return _parse_manifest(raw, where, bad)
 
 
@@ -152,7 +161,8 @@ def _mismatch(name: str, expected: str, actual: str, label: str, size: int) -> F
 
 
 def _unlisted(ckpt_dir: Path, listed: Mapping[str, str], manifest: Path, label: str) -> list[Finding]:
-    """CK403 for top-level regular files the manifest does not list (Megatron's writer would have)."""
+    """CK403 for top-level regular files the manifest does not list (Megatron's writer would have); CK406 for a
+    temp file an interrupted `manifest write` left (never content, so never CK403)."""
     out: list[Finding] = []
     names = {os.path.normpath(k) for k in listed}  # "./x" names the same file as "x"
     try:
@@ -162,9 +172,27 @@ def _unlisted(ckpt_dir: Path, listed: Mapping[str, str], manifest: Path, label: 
     for entry in entries:
         if entry.name == MANIFEST_NAME or entry.name in names or _same_file(entry, manifest):
             continue
-        if stat_entry(_member(ckpt_dir, entry.name))[0] is not None:
+        if WRITE_TEMP.match(entry.name):
+            out.append(_leftover(entry.name, label))
+        elif stat_entry(_member(ckpt_dir, entry.name))[0] is not None:
             out.append(_f("CK403", f"{entry.name} is not listed in the integrity manifest", entry.name, label))
     return out
+
+
+def write_leftovers(ckpt_dir: Path) -> list[str]:
+    """Names of the `manifest write` temp files (`WRITE_TEMP`) at the top of `ckpt_dir`, sorted."""
+    try:
+        return sorted(p.name for p in ckpt_dir.iterdir() if WRITE_TEMP.match(p.name))
+    except OSError:
+        return []
+
+
+def _leftover(name: str, label: str) -> Finding:
+    m = WRITE_TEMP.match(name)
+    pid = int(m.group("pid")) if m else None
+    return _f("CK406", f"{name} is the temp file of a `manifest write` (pid {pid}) that was interrupted before its "
+              "atomic rename: not manifest content; the next `manifest write` here removes it", name, label,
+              pid=pid, target=m.group("target") if m else None)
 
 
 def _member(ckpt_dir: Path, name: str) -> str | ObjectPath:
@@ -227,10 +255,25 @@ def verify_manifest(
         raise UsageError(f"{ckpt_dir} is not a directory")
     if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
         raise UsageError(f"shard {shard[0]}/{shard[1]}: need 0 <= K < N")
+    with unread_scope():
+        if probe_dir(ckpt_dir) is not None:  # a dir this user may not list or enter: nothing verified (CK209)
+            denied = unread_findings(ckpt_dir, label)
+            return ManifestReport(status_of(denied), denied, 0, 0, None, (), shard, None, label)
+        report = _verify(ckpt_dir, manifest, shard, workers, progress, label, known_sizes, hash_files)
+        late = unread_findings(ckpt_dir, label, report.findings)  # what the listing and hashing could not read
+        if not late:
+            return report
+        return replace(report, findings=report.findings + late, status=status_of(report.findings + late))
+
+
+def _verify(ckpt_dir: Path, manifest: Path | None, shard: tuple[int, int] | None, workers: int | None,
+            progress: ProgressHook | None, label: str, known_sizes: Mapping[str, int] | None,
+            hash_files: bool) -> ManifestReport:
     mpath = manifest if manifest is not None else ckpt_dir / MANIFEST_NAME
     if manifest is None and not _lexists(mpath):
         info = _f("CK400", f"no integrity manifest ({MANIFEST_NAME}) in {label}", None, label)
-        return ManifestReport(Status.COMPLETE, (info,), 0, 0, None, (), shard, None, label)
+        left = tuple(_leftover(n, label) for n in write_leftovers(ckpt_dir))  # a first write that was killed
+        return ManifestReport(Status.COMPLETE, (info, *left), 0, 0, None, (), shard, None, label)
     files, mdigest, findings = _load_manifest(mpath, label)
     if files is None:
         return ManifestReport(status_of(findings), tuple(findings), 0, 0, str(mpath), (), shard, mdigest, label)
@@ -241,9 +284,9 @@ def verify_manifest(
     results: dict[str, FileResult] = {}
     jobs: list[tuple[str, str | ObjectPath, int]] = []
     for name, expected in mine.items():
-        size, why = stat_entry(_member(ckpt_dir, name))
+        size, why, code = stat_entry_code(_member(ckpt_dir, name))
         if size is None:
-            findings.append(_f("CK402", f"{name}: {why}", name, label, reason=why))
+            findings.append(_f(code, f"{name}: {why}", name, label, reason=why))
             results[name] = FileResult(name, expected, None, None, False)
         elif size == 0 and expected != EMPTY_SHA256:
             findings.append(_mismatch(name, expected, EMPTY_SHA256, label, 0))
@@ -261,7 +304,10 @@ def verify_manifest(
     hashed = hash_many(jobs, workers, progress, f"sha256 {label}")
     for name, _, _ in jobs:  # report in manifest order, whatever order the threads finished in
         h, expected = hashed[name], mine[name]
-        if h.digest is None:
+        if h.digest is None and h.code != "CK402":  # could not be read here: not verified, not broken
+            findings.append(_f(h.code, f"{name}: {h.error}; not hashed, so its manifest entry is not verified", name,
+                               label, reason=h.error))
+        elif h.digest is None:
             findings.append(_f("CK402", f"{name}: file missing or unreadable ({h.error})", name, label,
                                reason=h.error))
         elif h.digest != expected:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from itertools import islice
 
 from ckptinspect.checks import CheckContext
+from ckptinspect.errors import UNREAD_CODE
 from ckptinspect.findings import Finding
 from ckptinspect.formats.legacy import DISTOPT_FILE, MODEL_FILE, iter_shard_dirs, parse_shard_dir, shard_coords
 from ckptinspect.formats.args_values import arg_flag, arg_int
@@ -36,11 +37,13 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
             yield Finding("CK110", f"{expected - present} of {expected} shard dir(s) missing for TP={tp} PP={pp}"
                           f" EP={ep}: {', '.join(missing[:8])}", missing[0], ckpt.path,
                           {"missing": missing, "expected": expected})
+    # a shard dir this user could not list (CK209 from the reader) is not judged: its files are unknown, not missing
+    unread = {f.subject for f in ckpt.findings if f.code == UNREAD_CODE}
     for name, files in sorted(shard_files.items()):
-        if MODEL_FILE not in files:
+        if MODEL_FILE not in files and name not in unread:
             yield Finding("CK110", f"{name}: shard dir without {MODEL_FILE}", f"{name}/{MODEL_FILE}", ckpt.path)
     if arg_flag(args, "use_distributed_optimizer"):
-        lacking = [n for n, files in sorted(shard_files.items()) if DISTOPT_FILE not in files]
+        lacking = [n for n, files in sorted(shard_files.items()) if DISTOPT_FILE not in files and n not in unread]
         if lacking:
             yield Finding("CK111", f"args say use_distributed_optimizer but {len(lacking)} shard dir(s) have no"
                           f" {DISTOPT_FILE}: {', '.join(lacking[:8])}", f"{lacking[0]}/{DISTOPT_FILE}", ckpt.path,

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from ckptinspect.checks.safety_containers import ContainerScan, PickleScan, Where
-from ckptinspect.errors import LimitExceeded, ReadError
+from ckptinspect.errors import LimitExceeded, ReadError, read_code
 from ckptinspect.findings import Finding, Status, status_of
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Shifted, Undecodable, decode_item, tensor_bound
 from ckptinspect.model import ObjectItem, StoredItem, Tensor, dtype_size
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
 from ckptinspect.pickling.walk import walk_pickle
-from ckptinspect.safeio import Window, file_identity, file_size, open_regular
+from ckptinspect.safeio import Window, file_identity, file_size, noted, open_regular
 from ckptinspect.safeio import open_regular as open_file
 from ckptinspect.storage import prefetch
 from ckptinspect.storage.objpath import ObjectPath
@@ -61,7 +61,8 @@ class FileScan(ContainerScan):
     # --- files ------------------------------------------------------------------------------------------------
 
     def open_regular(self, p: Path, window: Window | None = None) -> IO[bytes] | None:
-        """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one.
+        """Open a regular file for reading without blocking on FIFOs or devices; None when it is not one, or cannot
+        be opened (noted by `safeio` when for access: the scan's caller reports it as CK209).
         An object (object storage) opens as a ranged reader of the `window` ranges."""
         if isinstance(p, ObjectPath):
             try:
@@ -88,7 +89,7 @@ class FileScan(ContainerScan):
             try:
                 data = f.read(size)
             except OSError as e:
-                self.problem(where, f"unreadable: {e.strerror or e}", code)
+                self.problem(where, f"unreadable: {e.strerror or e}", read_code(e, code))
                 return None
         where.length = len(data)
         walk = walk_pickle(data)
@@ -106,7 +107,7 @@ class FileScan(ContainerScan):
             try:
                 self.container(f, where)
             except OSError as e:
-                self.problem(where, f"unreadable: {e.strerror or e}", "CK206")
+                self.problem(where, f"unreadable: {e.strerror or e}", read_code(e, "CK206"))
 
     def data_file(self, p: Path, rel: str, label: str, prefix: str, name: str,
                   items: list[tuple[str, StoredItem]], gaps: bool = True,
@@ -125,7 +126,7 @@ class FileScan(ContainerScan):
             if items:
                 self.located.add(ident)
         if f is None:
-            if items:
+            if items and noted(p) is None:  # a file it may not read is CK209 (from the note), not missing
                 where = Where(label, prefix + name, file_rel, 0, 0, "CK201")
                 self.problem(where, f"data file named by .metadata for {len(items)} item(s) is missing or not a "
                                     "regular file: its items were not scanned", "CK201")
@@ -148,7 +149,7 @@ class FileScan(ContainerScan):
                     else:
                         self.container(f, where)
                 except OSError as e:
-                    self.problem(where, f"unreadable: {e.strerror or e}", "CK205")
+                    self.problem(where, f"unreadable: {e.strerror or e}", read_code(e, "CK205"))
             if gaps:
                 for start, end in _gaps(covered, size):
                     self.unreferenced(f, label, prefix + name, file_rel, start, end)

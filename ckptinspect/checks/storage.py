@@ -1,5 +1,6 @@
-"""Storage: every stored item lies in an existing file (CK201, CK202), items do not overlap (CK203), no stale data
-files (CK204); with `--deep`, every item is a valid torch archive whose payload is prod(sizes) × dtype (CK205).
+"""Storage: every stored item lies in an existing file (CK201, CK202) that this user can open (CK209, through
+`safeio.probe_readable`), items do not overlap (CK203), no stale data files (CK204); with `--deep`, every item is a
+valid torch archive whose payload is prod(sizes) × dtype (CK205).
 
 The deep read is streamed item by item (one archive's central directory and `data.pkl` at a time: bounded memory),
 file by file in offset order through one open handle per file, and needs no torch. With a chunk table (a streamed
@@ -16,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.checks import CheckContext
-from ckptinspect.errors import LimitExceeded, ReadError
+from ckptinspect.errors import UNREAD_CODE, LimitExceeded, ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.checks.columns import chunk_tensor_ids
 from ckptinspect.formats._files import ItemFiles
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Undecodable, tensor_bound
 from ckptinspect.storage import location
 from ckptinspect.model import Checkpoint, Format, ShardedBackend, StoredItem, dtype_size
-from ckptinspect.safeio import leaves_dir
+from ckptinspect.safeio import leaves_dir, probe_readable
 
 MAX_LISTED = 5
 
@@ -51,10 +52,14 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     names, f_arr, s_arr, e_arr, subject = _arrays(ckpt)
     counts = np.bincount(f_arr, minlength=len(names)) if len(names) else np.zeros(0, dtype=np.int64)
     file_size = np.full(len(names), -1, dtype=np.int64)
+    root = location(ckpt.path)
     for i, name in enumerate(names):
         size = sizes.get(name)
         if size is None:
-            size = _size_outside_listing(location(ckpt.path), name)
+            size = _size_outside_listing(root, name)
+        if size is not None and not leaves_dir(name):
+            # complete means readable: a data file this user may not open is noted for CK209 (one open, no read)
+            probe_readable(root / name)
         if size is None:
             first = int(np.argmax(f_arr == i))
             yield Finding("CK201", f"{name}: named by .metadata for {int(counts[i])} item(s) but does not exist",
@@ -258,6 +263,8 @@ def _deep_one(files: ItemFiles, item: StoredItem, dtype: str | None, expected: i
     except ReadError as e:
         if item.transforms and (isinstance(e, (Undecodable, LimitExceeded))):
             return None  # the safety check, which decodes the same item, reports CK208 / CK603 once
+        if e.code == UNREAD_CODE:
+            return None  # a file this user may not read: CK209 (noted by `safeio`), never "not a valid archive"
         return f"not a valid archive ({e})"
     if dtype is None:
         return None  # a byte item: a readable archive is all we can ask

@@ -112,10 +112,15 @@ def manifest_write(
 
     def body() -> int:
         from ckptinspect.api import write_manifest
+        from ckptinspect.errors import ReadError
 
         only(output, (Output.TEXT, Output.JSON))
-        with progress_bar(output is Output.TEXT, "sha256") as hook:
-            r = write_manifest(path, out, recursive=recursive, workers=workers, progress=hook)
+        try:
+            with progress_bar(output is Output.TEXT, "sha256") as hook:
+                r = write_manifest(path, out, recursive=recursive, workers=workers, progress=hook)
+        except (ReadError, OSError) as e:
+            # a file it may not read, a dir it may not write: the manifest cannot be made, and nothing was written
+            usage_exit(f"manifest not written: {e.strerror if isinstance(e, OSError) and e.strerror else e}")
         if output is Output.JSON:
             emit_raw(r.to_json())
         else:

@@ -6,6 +6,9 @@ The registry is the literal `READERS` table below. Every reader has the same con
 2. it never raises for a broken, hostile or half-written checkpoint: what it could not read becomes findings in
    `Checkpoint.findings` (CK1xx format, CK206 unreadable `.pt`, CK601/CK602 pickle safety, CK603 bounds);
 3. it reads metadata only: tensor bytes are never loaded, and nothing from the checkpoint is executed.
+
+`read_checkpoint` wraps every reader: a checkpoint dir that cannot be listed or entered is not sniffed at all, and
+what the reader could not open for access reasons (noted by `safeio`) becomes CK209 findings after it ran.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ckptinspect.errors import access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.formats.args_values import args_findings
 from ckptinspect.formats.dcp import read_dcp
@@ -23,7 +27,8 @@ from ckptinspect.formats.sniff import CheckpointSniff, SniffState, sniff_checkpo
 from ckptinspect.formats.stacks import enrich, outer_layout
 from ckptinspect.formats.torch_dist import read_torch_dist
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.storage.findings import storage_findings
+from ckptinspect.safeio import note_unread, probe_dir, unread_scope
+from ckptinspect.storage.findings import storage_findings, unread_findings
 
 Reader = Callable[[Path, str], Checkpoint]
 
@@ -75,11 +80,34 @@ def read_checkpoint(path: Path, label: str, megatron_context: bool = False) -> C
 
     A stack's outer layout (NeMo 2 `weights/`, Megatron-Bridge files) is found first; its payload is read with the
     payload's reader, then `stacks.enrich` adds the stack's own facts and completeness findings.
+    A dir that cannot be listed or entered (for this user) is a checkpoint of unknown format with a CK209 finding;
+    a file the reader could not open for that reason is a CK209 finding beside what the reader made of it.
     """
+    with unread_scope():
+        try:
+            ckpt = _read_checkpoint(path, label, megatron_context)
+        except OSError as e:
+            if not access_failure(e):
+                raise
+            # A reader met an unreadable path where it did not expect one (a sub-dir it may not enter): what it
+            # read is lost, but the verdict is honest: incomplete, naming the path, never a traceback.
+            where = Path(e.filename) if isinstance(e.filename, str) else path
+            if probe_dir(where.parent) is None:  # (else the dir above it is noted: that is what failed)
+                note_unread(where, e, "open")
+            ckpt = Checkpoint(path=label, format=None)
+        extra = unread_findings(path, label, ckpt.findings)
+        return replace(ckpt, findings=ckpt.findings + extra) if extra else ckpt
+
+
+def _read_checkpoint(path: Path, label: str, megatron_context: bool) -> Checkpoint:
+    if probe_dir(path) is not None:
+        return Checkpoint(path=label, format=None)  # the CK209 of the dir is added by `read_checkpoint`
     if virtual_iteration(path) is not None:
         return _with_args_findings(_read_nvrx(path, label))
     layout = outer_layout(path)
     payload = layout.payload if layout is not None else path
+    if payload != path and probe_dir(payload) is not None:
+        return Checkpoint(path=label, format=None)
     sniff = sniff_checkpoint(payload, megatron_context or layout is not None)
     ckpt = enrich(read_sniffed(payload, label, sniff), path, label, layout,
                   payload_complete=sniff.state is SniffState.COMPLETE)
@@ -103,7 +131,7 @@ def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     if sniff.format is None:
         return Checkpoint(path=label, format=None, findings=state_findings, extra={"evidence": list(sniff.evidence)})
     ckpt = reader_for(sniff.format)(path, label)
-    state_findings += storage_findings(path, label)
+    state_findings += storage_findings(path, label, ckpt.findings)
     extra = dict(ckpt.extra)
     extra["evidence"] = list(sniff.evidence)
     extra["sniff_state"] = sniff.state.value

@@ -12,7 +12,7 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, decode_item
 from ckptinspect.pickling.report import safety_findings
-from ckptinspect.safeio import file_size, open_regular
+from ckptinspect.safeio import file_size, note_unread, open_regular
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_archive
 from ckptinspect.model import FileInfo, FileRole, StoredItem
@@ -47,13 +47,17 @@ def regular_size(path: Path) -> int | None:
         return info.size if info is not None else None
     try:
         st = os.stat(path)
-    except (OSError, ValueError):
+    except OSError as e:
+        note_unread(path.parent, e, "enter")  # only a dir that cannot be entered makes a stat fail for access
+        return None
+    except ValueError:
         return None
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def list_files(ckpt_dir: Path, recursive: bool = False) -> tuple[FileInfo, ...]:
-    """Regular files of a checkpoint dir (top level unless `recursive`), sorted by name. Never raises."""
+    """Regular files of a checkpoint dir (top level unless `recursive`), sorted by name. Never raises; a dir it
+    cannot list or enter is noted for CK209 (`safeio.note_unread`)."""
     if isinstance(ckpt_dir, ObjectPath):
         objects = ckpt_dir.walk_files(recursive)
         return tuple(sorted((FileInfo(rel, size, role_of(rel)) for rel, size in objects), key=lambda f: f.name))
@@ -68,7 +72,8 @@ def list_files(ckpt_dir: Path, recursive: bool = False) -> tuple[FileInfo, ...]:
 def _walk(root: Path, rel: str, recursive: bool, depth: int) -> Iterator[str]:
     try:
         entries = list(os.scandir(root / rel if rel else root))
-    except OSError:
+    except OSError as err:
+        note_unread(root / rel if rel else root, err, "list")
         return
     for e in entries:
         name = f"{rel}/{e.name}" if rel else e.name

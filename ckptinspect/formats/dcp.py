@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptinspect.errors import ReadError
+from ckptinspect.errors import ReadError, read_code
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
 from ckptinspect.pickling.unpickle import PickleReport
@@ -44,7 +44,7 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
             # the sniff may have read it already: `read_metadata_file` hands over what it kept
             md = read_metadata_file(mpath, report).as_dcp_metadata()
         except OSError as e:
-            findings.append(Finding("CK106", f".metadata unreadable: {e.strerror or e}", METADATA, label))
+            findings.append(Finding(read_code(e, "CK106"), f".metadata unreadable: {e.strerror or e}", METADATA, label))
         except ReadError as e:
             findings.append(Finding(e.code, f".metadata: {e}", METADATA, label))
         # Also after a failed parse: the pickle may have referenced dangerous globals before failing.

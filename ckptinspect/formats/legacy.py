@@ -25,6 +25,7 @@ from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_file
 from ckptinspect.formats.args_values import arg_int
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size, frozen
+from ckptinspect.safeio import note_unread
 
 MODEL_FILE = "model_optim_rng.pt"
 DISTOPT_FILE = "distrib_optim.pt"
@@ -168,14 +169,16 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
 def _dirs(path: Path) -> list[Path]:
     try:
         return [p for p in path.iterdir() if p.is_dir()]
-    except OSError:
+    except OSError as e:
+        note_unread(path, e, "list")  # CK209; the legacy check does not judge a dir it could not list
         return []
 
 
 def _files(path: Path) -> list[Path]:
     try:
         return [p for p in path.iterdir() if p.is_file()]
-    except OSError:
+    except OSError as e:
+        note_unread(path, e, "list")
         return []
 
 

@@ -25,6 +25,7 @@ from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, FileInfo, FileRole, Format
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.torch_archive import read_torch_file
+from ckptinspect.safeio import note_unread
 
 LOCAL_FILE = re.compile(r"^iter_(\d+)_(\d+)_local(\.dirty)?\.pt$")
 VIRTUAL = re.compile(r"^iter_(\d+)$")
@@ -72,7 +73,8 @@ def find_local_root(path: Path) -> LocalRoot | None:
     for d in subdirs[:MAX_RANK_DIRS]:
         try:
             names = sorted(n.name for n in d.iterdir())
-        except OSError:
+        except OSError as e:
+            note_unread(d, e, "list")  # CK209 for the rank dir (its files are not known to be missing)
             continue
         for n in names:
             m = LOCAL_FILE.match(n)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from ckptinspect.errors import BrokenSaveDir, UsageError
+from ckptinspect.errors import BrokenSaveDir, access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.formats.savedir import SaveDir, join_label, read_save_dir, tracked_missing, tracker_unparseable
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Kind
+from ckptinspect.safeio import note_unread, probe_dir, require_path
+from ckptinspect.storage.findings import unread_findings
 
 
 def _why(save: SaveDir, label: str) -> tuple[Finding, ...]:
@@ -28,12 +32,28 @@ def _why(save: SaveDir, label: str) -> tuple[Finding, ...]:
 def resolve_checkpoint(path: Path, label: str | None = None) -> tuple[Path, str]:
     """For commands that take one checkpoint: a save dir resolves to the checkpoint a resume would pick."""
     label = label if label is not None else str(path)
-    if not (path.exists() or path.is_symlink()):
-        raise UsageError(f"{label}: no such file or directory")
-    if path_kind(path) is Kind.SAVE_DIR:
-        save = read_save_dir(path)
-        pick = save.resume_pick()
-        if pick is None:
-            raise BrokenSaveDir(f"{label}: save dir has no checkpoint a resume would pick", _why(save, label))
-        return pick.path, join_label(label, pick.name)
+    require_path(path, label)
+    with access_guard(path, label):
+        if path_kind(path) is Kind.SAVE_DIR:
+            save = read_save_dir(path)
+            pick = save.resume_pick()
+            if pick is None:
+                raise BrokenSaveDir(f"{label}: save dir has no checkpoint a resume would pick", _why(save, label))
+            return pick.path, join_label(label, pick.name)
     return path, label
+
+
+@contextmanager
+def access_guard(path: Path, label: str) -> Iterator[None]:
+    """Telling what `path` is (a save dir, its iterations, its stack) met something inside it that it may not enter
+    (`Path.exists` raises `PermissionError` below a dir without search permission): `BrokenSaveDir` with the CK209
+    of what could not be read (exit 1 with findings), never an internal error."""
+    try:
+        yield
+    except OSError as e:
+        if not access_failure(e):
+            raise
+        where = Path(e.filename) if isinstance(e.filename, str) else path
+        if probe_dir(where.parent) is None:  # (else the dir above it is noted: that is what failed)
+            note_unread(where, e, "open")
+        raise BrokenSaveDir(f"{label}: part of it cannot be read here", unread_findings(path, label)) from e

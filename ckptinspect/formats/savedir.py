@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptinspect.errors import UNREAD_CODE, access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.model import Stack, StrEnum
 from ckptinspect.safeio import open_regular
@@ -32,12 +33,14 @@ class SaveStyle(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Tracker:
-    """The tracker file: raw text (None when absent), parsed iteration (int or "release"), parse error."""
+    """The tracker file: raw text (None when absent), parsed iteration (int or "release"), parse error; `denied`:
+    the error is that it could not be read here (permission denied, I/O error: CK209, not CK502)."""
 
     exists: bool
     raw: str | None
     iteration: int | str | None
     error: str | None
+    denied: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {"raw": self.raw, "iteration": self.iteration}
@@ -89,6 +92,13 @@ class SaveDir:
 
 
 def _loadable(it: IterationDir, style: SaveStyle) -> bool:
+    try:
+        return _loadable_markers(it, style)
+    except OSError:  # a dir that cannot be entered: not loadable by this user (its own read reports CK209)
+        return False
+
+
+def _loadable_markers(it: IterationDir, style: SaveStyle) -> bool:
     if style is SaveStyle.DCP:
         return (it.path / ".metadata").is_file() or (it.path / "model.safetensors.index.json").is_file()
     if style is SaveStyle.NEMO2:
@@ -108,13 +118,13 @@ def _loadable(it: IterationDir, style: SaveStyle) -> bool:
 
 def read_tracker(path: Path) -> Tracker:
     f = path / TRACKER
-    if not (f.exists() or f.is_symlink()):
-        return Tracker(False, None, None, None)
     try:
+        if not (f.exists() or f.is_symlink()):
+            return Tracker(False, None, None, None)
         with open_regular(f) as fh:
             data = fh.read(MAX_TRACKER_BYTES + 1)
-    except OSError as e:
-        return Tracker(True, None, None, f"unreadable: {e.strerror or e}")
+    except OSError as e:  # also: the dir holding it cannot be entered (f.exists raises on Python < 3.13)
+        return Tracker(True, None, None, f"unreadable: {e.strerror or e}", access_failure(e))
     if len(data) > MAX_TRACKER_BYTES:
         return Tracker(True, data[:64].decode("utf-8", "replace"), None, "larger than 4 KiB: not a tracker")
     raw = data.decode("utf-8", "replace")
@@ -228,7 +238,11 @@ def read_save_dir(path: Path) -> SaveDir:
 
 
 def tracker_unparseable(tracker: Tracker, label: str) -> Finding:
-    """CK502, the one construction (the tracker check and `resolve_checkpoint` both report it)."""
+    """CK502, the one construction (the tracker check and `resolve_checkpoint` both report it); CK209 when the
+    tracker could not be read here (the iteration a resume picks is then unknown, not broken)."""
+    if tracker.denied:
+        return Finding(UNREAD_CODE, f"{TRACKER}: {tracker.error}; the tracker was not read, so which iteration a "
+                       "resume picks is unknown", TRACKER, label, {"file": TRACKER})
     return Finding("CK502", f"{TRACKER} is unparseable ({tracker.error}); Megatron exits with 'Invalid metadata"
                    " file'", TRACKER, label, {"raw": tracker.raw})
 

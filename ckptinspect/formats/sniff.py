@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
-from ckptinspect.safeio import read_small
+from ckptinspect.safeio import noted, probe_dir, read_small
 from ckptinspect.formats.dcp_hf import hf_layout
 from ckptinspect.formats.dcp_ranks import missing_message, rank_files
 from ckptinspect.formats.dcp_stream import read_metadata_file
@@ -36,6 +36,7 @@ class SniffState(StrEnum):
     CK102 = "CK102"  # data files without .metadata
     CK103 = "CK103"  # .metadata.tmp: crash while writing .metadata
     CK106 = "CK106"  # metadata.json present, .metadata lost
+    CK209 = "CK209"  # the checkpoint dir cannot be listed or entered here (permission denied): nothing sniffed
     CK503 = "CK503"  # save dir: the tracker names a missing iteration
     CK507 = "CK507"  # NeMo 2 `-unfinished` marker
     CK513 = "CK513"  # NVRx local file still being written (.dirty)
@@ -110,7 +111,9 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             if finer.label is not None:
                 gen = finer.label
                 ev.extend(finer.evidence)
-        if state is SniffState.COMPLETE and not (path / ".metadata").exists() and gen != GEN_ZARR:
+        # (an unreadable metadata.json hides a zarr backend: without it, no conclusion from a missing .metadata)
+        if (state is SniffState.COMPLETE and not (path / ".metadata").exists() and gen != GEN_ZARR
+                and noted(mj) is None):
             # metadata.json is written after .metadata: a missing .metadata here was lost, not never written.
             state = SniffState.CK103 if (path / ".metadata.tmp").exists() else SniffState.CK106
         return CheckpointSniff(Format.TORCH_DIST, tuple(ev), gen, state)
@@ -306,6 +309,11 @@ def sniff(path: Path, label: str | None = None) -> SniffReport:
     pick = save.resume_pick()
     if pick is None:
         return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, SniffState.CK503 if t.exists else SniffState.CK100, None)
+    denied = probe_dir(pick.path)
+    if denied is not None:
+        ev.append(f"resume would load {pick.name}: {denied.reason} ({denied.what})")
+        return SniffReport(label, Kind.SAVE_DIR, None, tuple(ev), None, SniffState.CK209,
+                           f"{label.rstrip('/')}/{pick.name}", save.stack)
     s, stack = sniff_stacked(pick.path, save.style is SaveStyle.MEGATRON)
     if save.style_evidence:
         ev.insert(0, save.style_evidence)

@@ -29,7 +29,7 @@ from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Format, Stack
 from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.plain import to_plain
-from ckptinspect.safeio import open_regular
+from ckptinspect.safeio import note_unread, open_regular
 from ckptinspect.pickling.torch_archive import read_torch_file
 
 TRAIN_STATE = "train_state.pt"
@@ -58,9 +58,13 @@ def unfinished_marker(ckpt: Path) -> Path:
 
 
 def is_nemo2_dir(path: Path) -> bool:
-    return (path / NEMO_WEIGHTS).is_dir() and ((path / NEMO_CONTEXT).is_dir() or unfinished_marker(path).exists()
-                                                or (path / NEMO_WEIGHTS / "metadata.json").exists()
-                                                or (path / NEMO_WEIGHTS / ".metadata").exists())
+    try:
+        return (path / NEMO_WEIGHTS).is_dir() and ((path / NEMO_CONTEXT).is_dir() or unfinished_marker(path).exists()
+                                                    or (path / NEMO_WEIGHTS / "metadata.json").exists()
+                                                    or (path / NEMO_WEIGHTS / ".metadata").exists())
+    except OSError as e:  # a dir it may not enter: not known to be one (CK209 from the note)
+        note_unread(path, e, "enter")
+        return False
 
 
 def is_bridge_dir(path: Path) -> bool:

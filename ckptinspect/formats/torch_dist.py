@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ckptinspect.errors import ReadError
+from ckptinspect.errors import UNREAD_CODE, ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings, read_item_archive
-from ckptinspect.safeio import read_small
+from ckptinspect.safeio import noted, read_small
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import read_torch_file
@@ -62,7 +62,8 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     findings = list(d.findings)
     md = d.metadata
     config, why = read_metadata_json(path)
-    if why is not None and (path / METADATA_JSON).exists():
+    if why is not None and (path / METADATA_JSON).exists() and noted(path / METADATA_JSON) is None:
+        # (a metadata.json this user may not read is CK209 from `safeio`'s note, not a broken one)
         findings.append(Finding("CK104", f"metadata.json {why}", METADATA_JSON, label))
 
     zarr = config is not None and config.get("sharded_backend") == "zarr"
@@ -74,7 +75,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     common, common_source, common_findings = _read_common(path, label, md)
     findings.extend(common_findings)
     if common is None and (md is not None or zarr) and not any(
-            f.code in ("CK601", "CK604", "CK206", "CK105", "CK208", "CK603", "CK605", "CK606")
+            f.code in ("CK601", "CK604", "CK206", "CK105", "CK208", "CK603", "CK605", "CK606", UNREAD_CODE)
             for f in common_findings):
         findings.append(
             Finding(
@@ -149,7 +150,8 @@ def _read_common(
     except ReadError as e:
         # The storage checks report missing / truncated files; this says what it costs. An item that cannot be
         # decoded here (CK208: no zstd extra, unknown transform) is not known to be broken: it was not read.
-        code, what = ("CK208", "not read or scanned") if e.code == "CK208" else ("CK105", "unreadable")
+        # One this user may not read (CK209) is not known to be broken either.
+        code, what = (e.code, "not read or scanned") if e.code in ("CK208", UNREAD_CODE) else ("CK105", "unreadable")
         findings.append(
             Finding(code, f"common state item {what}: {e}", COMMON_STATE_KEY, label, {"cause": e.code})
         )

@@ -21,10 +21,11 @@ import math
 import re
 from pathlib import Path
 
+from ckptinspect.errors import read_code
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import regular_size
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
-from ckptinspect.safeio import read_small
+from ckptinspect.safeio import probe_dir, read_small
 
 ZARRAY = ".zarray"
 _MAX_CHUNKS = 1_000_000
@@ -44,8 +45,11 @@ def read_zarr_arrays(path: Path, label: str) -> tuple[tuple[Tensor, ...], tuple[
     try:
         entries = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.endswith(".sync"))
     except OSError as e:
-        return (), (), [Finding("CK113", f"zarr checkpoint dir unreadable: {e.strerror or e}", None, label)]
+        return (), (), [Finding(read_code(e, "CK113"), f"zarr checkpoint dir unreadable: {e.strerror or e}", None,
+                                label)]
     for d in entries:
+        if probe_dir(d) is not None:
+            continue  # an array dir this user may not list or enter: CK209 (noted), its chunks unknown, not missing
         if (d / ZARRAY).is_file():
             t = _array(d, label, findings)
             if t is not None:
@@ -77,7 +81,7 @@ def _array(d: Path, label: str, findings: list[Finding]) -> Tensor | None:
         sep = str(meta.get("dimension_separator") or ".")
         compressed = meta.get("compressor") is not None or bool(meta.get("filters"))
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
-        findings.append(Finding("CK113", f"{key}/.zarray unreadable: {e}", f"{key}/{ZARRAY}", label))
+        findings.append(Finding(read_code(e, "CK113"), f"{key}/.zarray unreadable: {e}", f"{key}/{ZARRAY}", label))
         return None
     if len(chunks) != len(shape) or any(c < 1 for c in chunks) or any(s < 0 for s in shape):
         findings.append(Finding("CK113", f"{key}/.zarray: chunks {list(chunks)} do not fit shape {list(shape)}",

@@ -8,18 +8,19 @@ findings (docs/contract.md "Status of a checkpoint").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ckptinspect.checks import CheckContext, tracker
 from ckptinspect.checks.registry import CHECKS
-from ckptinspect.storage.findings import storage_findings
-from ckptinspect.errors import UsageError
+from ckptinspect.storage.findings import storage_findings, unread_findings
+from ckptinspect.safeio import require_path, unread_scope
 from ckptinspect.findings import Finding, Status, filter_findings, status_of, worst_status
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.savedir import SaveDir, SaveStyle, join_label, read_save_dir
+from ckptinspect.formats.resolve import access_guard
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Checkpoint, Format, Kind, frozen
 from ckptinspect.capabilities.audit.summary import Summary, summarize
@@ -93,6 +94,12 @@ def audit_checkpoint(
     path: Path, label: str, opts: AuditOptions, full: bool = True, megatron_context: bool = False,
     name: str | None = None,
 ) -> CheckpointAudit:
+    with unread_scope():
+        return _audit_checkpoint(path, label, opts, full, megatron_context, name)
+
+
+def _audit_checkpoint(path: Path, label: str, opts: AuditOptions, full: bool, megatron_context: bool,
+                      name: str | None) -> CheckpointAudit:
     ckpt = read_checkpoint(path, label, megatron_context)
     ctx = replace(opts.context, deep=opts.deep and full, hash=(opts.hash or opts.deep) and full,
                   manifest=opts.manifest if full else None)
@@ -102,22 +109,24 @@ def audit_checkpoint(
             continue
         findings.extend(f.with_path(label) for f in check(ckpt, ctx))
     # what storage did while the checks read (the safety scan's byte items, --deep, --hash): an object rewritten,
-    # gone or denied after the listing is a finding here too, not only when the reader met it
-    findings.extend(storage_findings(path, label))
+    # gone or denied after the listing is a finding here too, not only when the reader met it; a local file the
+    # checks could not open (a data file whose byte items the safety scan reads) is CK209
+    findings.extend(storage_findings(path, label, findings))
     kept = tuple(filter_findings(findings, opts.select, opts.ignore))
     return CheckpointAudit(ckpt, status_of(kept), kept, full, name)
 
 
 def audit(path: Path, opts: AuditOptions | None = None, label: str | None = None) -> AuditReport:
-    """Audit a checkpoint or a save dir. Raises `UsageError` only when `path` does not exist."""
+    """Audit a checkpoint or a save dir. Raises `UsageError` only when `path` does not exist or cannot
+    be read at all (`safeio.require_path`)."""
     opts = opts or AuditOptions()
     label = label if label is not None else str(path)
-    if not (path.exists() or path.is_symlink()):
-        raise UsageError(f"{label}: no such file or directory")
-    if path_kind(path) is Kind.CHECKPOINT:
-        one, summary = _summarized(audit_checkpoint(path, label, opts), opts)
-        return AuditReport(label, Kind.CHECKPOINT, one.status, one.findings, (one,), one, None, summary)
-    return _audit_save_dir(path, label, opts)
+    require_path(path, label)
+    with unread_scope(), access_guard(path, label):
+        if path_kind(path) is Kind.CHECKPOINT:
+            one, summary = _summarized(audit_checkpoint(path, label, opts), opts)
+            return AuditReport(label, Kind.CHECKPOINT, one.status, one.findings, (one,), one, None, summary)
+        return _audit_save_dir(path, label, opts)
 
 
 def _summarized(a: CheckpointAudit, opts: AuditOptions) -> tuple[CheckpointAudit, Summary]:
@@ -144,7 +153,8 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
         audits.append(audit_checkpoint(it.path, join_label(label, it.name), opts, full, save.style is SaveStyle.MEGATRON,
                                        it.name))
     statuses = {a.name or "": a.status for a in audits}
-    dir_findings = tuple(filter_findings((f for f in tracker.run(save, statuses, label)), opts.select, opts.ignore))
+    own = _save_dir_findings(save, statuses, label, (f for a in audits for f in a.findings))
+    dir_findings = tuple(filter_findings(own, opts.select, opts.ignore))
     picked = next((a for a in audits if pick is not None and a.name == pick.name), None)
     summary = None
     if picked is not None:
@@ -158,6 +168,14 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
     for a in audits:
         flat.extend(a.findings)
     return AuditReport(label, Kind.SAVE_DIR, status, tuple(flat), tuple(audits), picked, save, summary)
+
+
+def _save_dir_findings(save: SaveDir, statuses: Mapping[str, Status], label: str,
+                       iterations: Iterable[Finding]) -> list[Finding]:
+    """The save dir's own findings: the tracker check's, and a CK209 for what could not be read at its level (the
+    tracker, a sub-dir that is no iteration) and was reported neither by the tracker check nor by an iteration."""
+    own = list(tracker.run(save, statuses, label))
+    return own + list(unread_findings(save.path, label, [*own, *iterations]))
 
 
 
@@ -197,9 +215,13 @@ class Listing:
 def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | None = None) -> Listing:
     """Classify every iteration of a save dir (metadata-level checks, no hashing)."""
     label = label if label is not None else str(path)
-    if not (path.exists() or path.is_symlink()):
-        raise UsageError(f"{label}: no such file or directory")
+    require_path(path, label)
     opts = opts or AuditOptions()
+    with unread_scope(), access_guard(path, label):
+        return _list(path, label, opts)
+
+
+def _list(path: Path, label: str, opts: AuditOptions) -> Listing:
     if path_kind(path) is Kind.CHECKPOINT:
         a = audit_checkpoint(path, label, opts, full=False)
         c = a.checkpoint
@@ -211,9 +233,11 @@ def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | Non
     tracked = save.find(save.tracker.iteration) if save.tracker.exists and save.tracker.error is None else None
     rows = []
     statuses: dict[str, Status] = {}
+    reported: list[Finding] = []
     for it in save.iterations:
         a = audit_checkpoint(it.path, join_label(label, it.name), opts, False, save.style is SaveStyle.MEGATRON, it.name)
         statuses[it.name] = a.status
+        reported.extend(a.findings)
         c = a.checkpoint
         # an NVRx iteration is virtual (its files live in the rank dirs): the reader listed them
         files = _all_files(it.path) if it.path.exists() else c.files
@@ -221,7 +245,7 @@ def list_save_dir(path: Path, label: str | None = None, opts: AuditOptions | Non
                                  sum(f.size or 0 for f in files), len(files),
                                  tracked is not None and tracked.name == it.name,
                                  tuple(sorted({f.code for f in a.findings}))))
-    findings = tuple(tracker.run(save, statuses, label))
+    findings = tuple(_save_dir_findings(save, statuses, label, reported))
     return Listing(label, save.tracker.to_dict(), tuple(rows), findings)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.formats.resolve import resolve_checkpoint
-from ckptinspect.errors import ReadError
+from ckptinspect.errors import UNREAD_CODE, ReadError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.chunk_table import TableChunks
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor
@@ -206,6 +206,7 @@ class Side:
     generation: str | None
     iteration: int | None
     has_args: bool
+    unread: bool = False  # part of it could not be read here (CK209): nothing can be said to be identical
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "format": self.format.value if self.format else None, "generation": self.generation,
@@ -227,10 +228,12 @@ class DiffResult:
 
     @property
     def blocking(self) -> bool:
-        """A blocking arg, a tensor key only on one side, a shape/dtype change, or a side that is no checkpoint."""
+        """A blocking arg, a tensor key only on one side, a shape/dtype change, a side that is no checkpoint, or one
+        that could not be read whole here (CK209: the comparison itself broke)."""
         t = self.tensors
         return (any(d.blocking for d in self.args) or any(c.blocking for c in t.changed)
-                or bool(t.only_in_a or t.only_in_b) or self.a.format is None or self.b.format is None)
+                or bool(t.only_in_a or t.only_in_b) or self.a.format is None or self.b.format is None
+                or self.a.unread or self.b.unread)
 
     @property
     def identical(self) -> bool:
@@ -247,7 +250,11 @@ class DiffResult:
 
 
 def _side(c: Checkpoint) -> Side:
-    return Side(c.path, c.format, c.generation, c.iteration, c.args is not None)
+    return Side(c.path, c.format, c.generation, c.iteration, c.args is not None, _unread(c))
+
+
+def _unread(c: Checkpoint) -> bool:
+    return any(f.code == UNREAD_CODE for f in c.findings)
 
 
 def _num(x: float | None) -> float | str | None:
@@ -263,6 +270,10 @@ def diff_checkpoints(
     `values.skipped`."""
     notes: list[str] = []
     for side, c in (("A", a), ("B", b)):
+        if _unread(c):
+            n = sum(f.code == UNREAD_CODE for f in c.findings)
+            notes.append(f"{side}: {n} file(s) or dir(s) could not be read here (CK209: permission denied or I/O "
+                         "error): the comparison is partial, so blocking")
         if c.format is None:
             notes.append(f"{side} ({c.path}) is not a recognized checkpoint: nothing to compare on that side")
         if c.args is None and c.format is not None:

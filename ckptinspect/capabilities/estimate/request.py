@@ -158,9 +158,7 @@ def _from_checkpoint(req: EstimateRequest, path: Path) -> Estimate:
     from ckptinspect.formats.resolve import resolve_checkpoint
     from ckptinspect.model import Format
 
-    if not (path.exists() or path.is_symlink()):
-        raise UsageError(f"{path}: no such file or directory")
-    ckpt_path, label = resolve_checkpoint(path, str(path))
+    ckpt_path, label = resolve_checkpoint(path, str(path))  # UsageError: no such file, or permission denied
     ckpt = read_checkpoint(ckpt_path, label)
     if ckpt.format is not Format.TORCH_DIST:
         got = ckpt.format.value if ckpt.format else "unrecognized"

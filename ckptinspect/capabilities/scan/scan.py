@@ -41,8 +41,8 @@ from ckptinspect.checks.safety_scan import (
 from ckptinspect.findings import Finding, filter_findings, status_of
 from ckptinspect.formats.savedir import join_label
 from ckptinspect.model import StoredItem
-from ckptinspect.safeio import leaves_dir
-from ckptinspect.storage.findings import storage_findings
+from ckptinspect.safeio import leaves_dir, note_unread, unread_scope
+from ckptinspect.storage.findings import storage_findings, unread_findings
 from ckptinspect.storage.objpath import ObjectPath
 
 MAX_DEPTH = 8  # directory levels below the scanned path
@@ -86,6 +86,7 @@ class _Scan(FileScan):
             if _ITER_NAME.match(name):
                 # An iteration dir of a save dir is a checkpoint of its own: findings name it, as `audit` does.
                 self.tree(p, sub_rel, join_label(self.label, sub_rel), sub_rel, depth + 1)
+                self.findings.extend(unread_findings(p, join_label(self.label, sub_rel), self.findings))
             else:
                 self.tree(p, sub_rel, label, ckpt_rel, depth + 1)
 
@@ -134,17 +135,19 @@ def scan_path(path: Path, label: str | None = None, select: Iterable[str] = (),
     """
     label = label if label is not None else str(path)
     s = _Scan(label)
-    try:
-        is_dir = path.is_dir()
-    except OSError:
-        is_dir = False
-    if is_dir:
-        s.tree(path, "", label, "", 0)
-    elif path.name.startswith(".metadata"):
-        s.raw_file(path, "", label, path.name, "CK106")
-    else:
-        s.pickle_file(path, "", label, path.name)
-    s.findings.extend(storage_findings(path, label))  # an object that changed, vanished or was denied (CK22x)
+    with unread_scope():
+        try:
+            is_dir = path.is_dir()
+        except OSError:
+            is_dir = False
+        if is_dir:
+            s.tree(path, "", label, "", 0)
+        elif path.name.startswith(".metadata"):
+            s.raw_file(path, "", label, path.name, "CK106")
+        else:
+            s.pickle_file(path, "", label, path.name)
+        # an object that changed, vanished or was denied (CK22x); a local file or dir it could not read (CK209)
+        s.findings.extend(storage_findings(path, label, s.findings))
     kept = tuple(filter_findings(s.findings, select, ignore))
     return ScanReport(label, status_of(kept), kept, tuple(s.pickles))
 
@@ -166,13 +169,15 @@ def _entries(path: Path) -> tuple[tuple[int, int] | str, list[tuple[str, Path, b
     try:
         st = os.stat(path)
         scanned = sorted(os.scandir(path), key=lambda e: e.name)
-    except OSError:
+    except OSError as err:
+        note_unread(path, err, "list")  # a dir it may not list: CK209, never an empty dir
         return None
     out: list[tuple[str, Path, bool]] = []
     for e in scanned:
         try:
             is_dir = e.is_dir()  # follows symlinks; loops are caught by the identity
-        except OSError:
+        except OSError as err:
+            note_unread(path, err, "enter")
             continue
         out.append((e.name, Path(e.path), is_dir))
     return (st.st_dev, st.st_ino), out
