@@ -32,6 +32,26 @@ def _stale_distcp(ckpt: Path, ctx: Ctx) -> None:
     shutil.copyfile(ckpt / "__0_0.distcp", ckpt / "__9_0.distcp")
 
 
+ORACLE = Path(__file__).resolve().parent / "data" / "megatron_unit_oracle" / "peer_mcore.txz"
+UNEVEN = "test_serialization.py_TestSerialization_test_uneven_1d_sharding_src_split7-dest_split7/0"
+
+
+def _uneven_empty_shards(ctx: Ctx) -> Path:
+    """A save Megatron-Core 0.16.1's own test_uneven_1d_sharding wrote on 8 ranks (tests/data/megatron_unit_oracle):
+    ranks 6 and 7 hold empty shards at one offset; DCP names rank 7's, rank 6's data file is named by nothing."""
+    import tarfile
+
+    with tarfile.open(ORACLE) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(f"peer_mcore/{UNEVEN}/") and m.isfile()]
+        for m in members:
+            dst = ctx.work / "uneven" / Path(m.name).name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(m)
+            assert src is not None
+            dst.write_bytes(src.read())
+    return ctx.work / "uneven"
+
+
 def _overlapping_items(ckpt: Path, ctx: Ctx) -> None:
     with edit_metadata(ckpt) as md:
         (_, first), (k, second) = items_in(md, "__0_0.distcp", tensors=True)[:2]
@@ -74,6 +94,7 @@ STORAGE_CASES: tuple[Case, ...] = (
          S({"CK202"}), sources=TD, subprocess=True),
     Case("deleted_distcp", td2(_rm("__0_1.distcp")), "corrupt", S({"CK201"}), sources=TD),
     Case("stale_distcp", td2(_stale_distcp), "complete", S({"CK204"}), sources=TD),
+    Case("writers_own_unreferenced_distcp", _uneven_empty_shards, "complete", S({"CK210"}), S({"CK204"})),
     Case("overlapping_items", dcp(_overlapping_items), "corrupt", S({"CK203"}), S({"CK202"}), sources=DCP),
     Case("garbage_item_deep", dcp(_garbage_item), "corrupt", S({"CK205"}), flags=("--deep",), sources=DCP),
     Case("garbage_item_shallow", dcp(_garbage_item), "complete", absent=S({"CK205"}), sources=DCP),

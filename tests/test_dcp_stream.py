@@ -57,7 +57,9 @@ def test_samples_stream_without_fallback_and_match_the_reference(path: Path) -> 
     s = read_dcp_metadata_columns(io.BytesIO(data))
     assert s.fallback is None
     assert s.to_dcp_metadata() == read_dcp_metadata(data)
-    assert s.table.n_chunks == sum(len(t.chunks) for t in read_dcp_metadata(data).tensors) > 0
+    md = read_dcp_metadata(data)
+    assert s.table.n_chunks == sum(len(t.chunks) for t in md.tensors)
+    assert s.table.n_chunks > 0 or (not md.tensors and md.objects)  # a flatten_state_dict=False save: objects only
 
 
 def test_every_acceptance_metadata_matches_the_reference(tmp_path: Path) -> None:
