@@ -1,7 +1,7 @@
 """Object storage: URLs, the byte budget, manifests, and faults, against a real S3 API server on 127.0.0.1.
 
-The server is moto's standalone server (`s3_server.py`); the clients are the real s3fs / boto3 / multi-storage-
-client. Faults come from `FaultProxy`, a loopback HTTP proxy that answers 503 SlowDown, stalls, or lets a test
+The server is moto's standalone server (`s3_server.py`); the clients are the real boto3 (s3://; s3fs where boto3
+is missing) / multi-storage-client. Faults come from `FaultProxy`, a loopback HTTP proxy that answers 503 SlowDown, stalls, or lets a test
 replace an object between the listing and the read.
 """
 
@@ -72,6 +72,46 @@ def test_missing_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     code, _, err = cli("audit", "gs://bucket/ckpt")
     assert code == 2
     assert "ckptinspect[gcs]" in err and "gcsfs" in err
+
+
+def test_s3_backend_is_boto3_and_s3fs_where_boto3_is_missing(td2_url: str, s3_server: S3Server,  # noqa: F811
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`[s3]` is boto3 (co-installable with any boto3: s3fs's aiobotocore pins botocore); an environment with s3fs
+    and no boto3 keeps working through s3fs, with the same verdict, findings and requests."""
+    import sys
+
+    from ckptinspect.storage import location
+    from ckptinspect.storage.boto3_backend import Boto3Backend
+    from ckptinspect.storage.fsspec_backend import FsspecBackend
+    from ckptinspect.storage.session import reset
+
+    reset()
+    assert isinstance(location(td2_url).store.backend, Boto3Backend)
+    code, doc = audit_json(td2_url)
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if boto3 were not installed: import fails
+    reset()
+    assert isinstance(location(td2_url).store.backend, FsspecBackend)
+    code2, doc2 = audit_json(td2_url)
+    assert (code2, doc2["status"], doc2["findings"]) == (code, doc["status"], doc["findings"])
+    assert doc2["storage"]["requests_by_op"] == doc["storage"]["requests_by_op"]
+    monkeypatch.setitem(sys.modules, "s3fs", None)
+    code, _, err = cli("audit", td2_url)
+    assert code == 2 and "ckptinspect[s3]" in err and "boto3" in err
+
+
+def test_s3_storage_options_keep_s3fs_names(td2_url: str, s3_server: S3Server,  # noqa: F811
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--storage-option` takes s3fs's names on the boto3 backend too; an unknown one is exit 2, not a traceback."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    code, out, _ = cli("--storage-option", f"client_kwargs.endpoint_url={s3_server.endpoint}", "audit", td2_url,
+                       "-o", "json")
+    doc = json.loads(out)
+    assert code in (0, 1) and doc["storage"]["requests"] > 0 and doc["path"] == td2_url
+    code2, out2, _ = cli("--storage-option", f"endpoint_url={s3_server.endpoint}", "--storage-option", "key=testing",
+                         "--storage-option", "config_kwargs.read_timeout=5", "audit", td2_url, "-o", "json")
+    assert (code2, json.loads(out2)["findings"]) == (code, doc["findings"])
+    code, _, err = cli("--storage-option", "no_such_option=1", "audit", td2_url)
+    assert code == 2 and "no_such_option" in err
 
 
 def test_storage_option_parsing() -> None:
@@ -166,10 +206,10 @@ def test_metadata_level_commands_read_only_metadata(td2_url: str) -> None:
 
 def test_every_listing_page_is_one_counted_request(td2_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """S3 is listed page by page: `requests` counts HTTP requests, not listing calls (2 entries a page here)."""
-    import ckptinspect.storage.fsspec_backend as fb
+    import ckptinspect.storage.boto3_backend as bb
 
     code, doc = audit_json(td2_url)
-    monkeypatch.setattr(fb, "LIST_PAGE_KEYS", 2)
+    monkeypatch.setattr(bb, "LIST_PAGE_KEYS", 2)
     code2, doc2 = audit_json(td2_url)
     entries = len(list(TD2.iterdir())) + 1  # the checkpoint prefix, and its parent (one sub-prefix)
     assert (code2, codes(doc2)) == (code, codes(doc))
@@ -331,13 +371,13 @@ def test_a_second_pass_over_a_large_object_costs_no_second_transfer(s3_server: S
     blob = os.urandom(20 << 20)
     s3_server.client.put_object(Bucket=s3_server.bucket, Key="big/.metadata", Body=blob)
     session = reset()
-    with location(s3_server.url("big/.metadata")).open_reader() as f:  # type: ignore[attr-defined]
+    with location(s3_server.url("big/.metadata")).open_reader() as f:
         assert f.read() == blob
         f.seek(0)
         assert f.read(1000) == blob[:1000] and f.read() == blob[1000:]
     snap = session.stats.snapshot()
     assert snap.bytes == len(blob) and dict(snap.by_op)["get"] <= 4, snap
     session = reset()  # a reader that reads all of it (`.metadata`) asks for the largest blocks at once
-    with location(s3_server.url("big/.metadata")).open_reader(whole=True) as f:  # type: ignore[attr-defined]
+    with location(s3_server.url("big/.metadata")).open_reader(whole=True) as f:
         assert f.read(1 << 20) == blob[:1 << 20] and f.read() == blob[1 << 20:]
     assert dict(session.stats.snapshot().by_op)["get"] == 1

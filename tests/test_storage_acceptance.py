@@ -1,5 +1,5 @@
 """The acceptance corpus from object storage: every case of `tests/corpus.py`, built locally, uploaded to a real S3
-API server (moto on 127.0.0.1), audited from ``s3://`` (s3fs) and ``msc://`` (multi-storage-client, s3 profile),
+API server (moto on 127.0.0.1), audited from ``s3://`` (boto3) and ``msc://`` (multi-storage-client, s3 profile),
 must give the same status, the same finding codes and the same exit code as the local audit of the same tree.
 
 One case cannot exist in object storage and is left out, by name: `empty_dir` (a prefix without objects is not

@@ -1,5 +1,5 @@
 """`manifest verify` from object storage: every object is streamed (one GET, its body hashed as it arrives) against a
-real S3 API server on 127.0.0.1 (moto, `s3_server.py`) with the real s3fs / multi-storage-client clients.
+real S3 API server on 127.0.0.1 (moto, `s3_server.py`) with the real boto3 / multi-storage-client clients.
 
 The verdicts must be the local ones; a failure in the middle of a body (a reset connection, a read timeout) must be
 resumed with a ranged GET from the first byte not yet received (nothing received twice, counted as a retry); an

@@ -275,6 +275,13 @@ def _make_backend(scheme: Scheme, authority: str, options: Mapping[str, Any]) ->
             from ckptinspect.storage.msc_backend import MscBackend
 
             return MscBackend(authority)
+        if scheme is Scheme.S3:
+            from ckptinspect.storage.url import installed
+
+            if installed("boto3") or not installed("s3fs"):
+                from ckptinspect.storage.boto3_backend import Boto3Backend
+
+                return Boto3Backend(authority, options)
         from ckptinspect.storage.fsspec_backend import FsspecBackend
 
         return FsspecBackend(scheme, authority, options)

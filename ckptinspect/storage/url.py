@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import importlib.util
+import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -34,7 +35,8 @@ class Scheme(enum.Enum):
 
 _EXTRA = {Scheme.S3: "s3", Scheme.GS: "gcs", Scheme.GCS: "gcs", Scheme.AZ: "azure", Scheme.ABFS: "azure",
           Scheme.ABFSS: "azure", Scheme.MSC: "msc"}
-_MODULE = {Scheme.S3: "s3fs", Scheme.GS: "gcsfs", Scheme.GCS: "gcsfs", Scheme.AZ: "adlfs", Scheme.ABFS: "adlfs",
+# s3://: boto3 (the `[s3]` extra, `boto3_backend.py`), or s3fs where it is installed without boto3
+_MODULE = {Scheme.S3: "boto3", Scheme.GS: "gcsfs", Scheme.GCS: "gcsfs", Scheme.AZ: "adlfs", Scheme.ABFS: "adlfs",
            Scheme.ABFSS: "adlfs", Scheme.MSC: "multistorageclient"}
 _SCHEMES = {s.value: s for s in Scheme}
 
@@ -68,9 +70,19 @@ def split_url(text: str) -> tuple[Scheme, str, str]:
     return scheme, parts.netloc, "/".join(seg for seg in key.split("/") if seg)
 
 
+def installed(module: str) -> bool:
+    """True when `module` can be imported (a test that blocks it with ``sys.modules[name] = None`` says no)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def require_extra(scheme: Scheme) -> None:
     """`MissingExtra` (exit 2) when the backend for `scheme` is not importable."""
-    if importlib.util.find_spec(scheme.module) is None:
+    if not installed(scheme.module) and not (scheme is Scheme.S3 and installed("s3fs")):
         raise MissingExtra(
             f"{scheme.value}:// needs the '{scheme.extra}' extra: pip install 'ckptinspect[{scheme.extra}]' "
             f"(module {scheme.module} is not installed)"
