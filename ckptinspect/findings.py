@@ -88,6 +88,9 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK105", "error", "corrupt", "format", "common state missing"),
         _c("CK106", "error", "corrupt", "format", ".metadata unreadable or not a DCP metadata object"),
         _c("CK113", "error", "corrupt", "format", "zarr array metadata (.zarray) unreadable or inconsistent"),
+        _c("CK130", "error", "incomplete", "format", "Megatron save started: nothing written but (part of) common.pt"),
+        _c("CK131", "error", "incomplete", "format", "metadata.json cut short: the final marker being written or "
+           "interrupted"),
         _c("CK110", "error", "corrupt", "legacy", "legacy shard dir missing for the topology in args"),
         _c("CK111", "error", "corrupt", "legacy", "legacy distrib_optim.pt missing"),
         _c("CK112", "warning", None, "legacy", "legacy args disagree between shard files"),

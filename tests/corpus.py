@@ -8,7 +8,7 @@ status, the codes that must appear, the codes that must not, which path to audit
 
 The cases live one module per check family (`corpus_healthy.py`, `corpus_storage.py`, `corpus_coverage.py`,
 `corpus_formats.py`, `corpus_manifest.py`, `corpus_tracker.py`, `corpus_safety.py`, `corpus_legacy.py`,
-`corpus_args.py`; the parallel layouts and the training stacks in `corpus_layouts.py` / `corpus_stacks.py`), the
+`corpus_args.py`, `corpus_inflight.py`; the parallel layouts and the training stacks in `corpus_layouts.py` / `corpus_stacks.py`), the
 builders and mutation helpers they share in `corpus_kit.py`. This module gathers the families into `CASES` and
 re-exports the kit's names the tests import from here.
 
@@ -21,6 +21,7 @@ from corpus_args import ARGS_CASES
 from corpus_coverage import COVERAGE_CASES
 from corpus_formats import FORMATS_CASES
 from corpus_healthy import HEALTHY_CASES
+from corpus_inflight import INFLIGHT_CASES
 from corpus_kit import (
     SOURCES,
     Case,
@@ -45,5 +46,5 @@ __all__ = ["CASES", "SOURCES", "Case", "Ctx", "Harmless", "Hostile", "_mutated",
 
 CASES: tuple[Case, ...] = (
     *HEALTHY_CASES, *STORAGE_CASES, *COVERAGE_CASES, *FORMATS_CASES, *MANIFEST_CASES, *TRACKER_CASES,
-    *SAFETY_CASES, *LEGACY_CASES, *ARGS_CASES,
+    *SAFETY_CASES, *LEGACY_CASES, *ARGS_CASES, *INFLIGHT_CASES,
 )

@@ -86,3 +86,34 @@ def test_nothing_a_save_dir_audit_read_stays_in_memory(save_dirs: tuple[Path, Pa
         tracemalloc.stop()
     # before the fix every read of the 8 iterations kept ~7.4 MB; allow 0.5 MB of allocator noise for three more
     assert after_four - after_one < 512 * 1024, (after_one, after_four)
+
+
+def test_a_leftover_iteration_keeps_its_verdict_not_its_tables(save_dirs: tuple[Path, Path]) -> None:
+    """Only the picked iteration's parsed metadata stays in the report; a leftover keeps its identity and findings
+    (docs/contract.md "Saves in progress")."""
+    two, _ = save_dirs
+    for all_iterations in (False, True):
+        report = ckptinspect.audit(two, all_iterations=all_iterations).report
+        picked = report.picked
+        assert picked is not None and picked.name == "iter_0000002" and picked.checkpoint.tensors
+        (left,) = [a for a in report.checkpoints if a is not picked]
+        c = left.checkpoint
+        assert (c.format, c.iteration, c.generation) == (picked.checkpoint.format, 1, picked.checkpoint.generation)
+        assert c.tensors == () and c.objects == () and c.table is None and c.args is None
+        assert left.status.value == "complete" and left.full is all_iterations
+
+
+def test_audit_all_status_says_what_its_exit_code_says(tmp_path: Path) -> None:
+    """Issue 25: with an untracked iteration that did not finish (the 0.16.1 sample's iter_0000003, stopped before
+    metadata.json), `audit --all` printed `status: complete` and exited 1. Every iteration decides under --all;
+    without it the leftover is the save dir's CK506 warning."""
+    save = tmp_path / "torch_dist"
+    shutil.copytree(SAMPLES / "torch_dist", save)
+    plain = ckptinspect.audit(save)
+    assert (plain.status.value, plain.exit_code()) == ("complete", 0)
+    every = ckptinspect.audit(save, all_iterations=True)
+    assert (every.status.value, every.exit_code()) == ("incomplete", 1)
+    assert every.to_dict()["status"] == "incomplete"
+    shutil.rmtree(save / "iter_0000003")
+    healthy = ckptinspect.audit(save, all_iterations=True)
+    assert (healthy.status.value, healthy.exit_code()) == ("complete", 0)

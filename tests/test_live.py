@@ -43,9 +43,11 @@ def _audit(path: Path, *extra: str) -> tuple[int, dict[str, object]]:
 
 
 def test_fresh_megatron_save_audits_complete(live_save: Path) -> None:
+    rc, doc = _audit(live_save, "--deep")
+    assert doc["format"] == "torch_dist" and doc["iteration"] == 1
+    assert doc["status"] == "complete" and rc == 0, doc["findings"]  # the tracked iteration decides
     rc, doc = _audit(live_save, "--all", "--deep")
     assert doc["format"] == "torch_dist" and doc["iteration"] == 1
-    assert doc["status"] == "complete", doc["findings"]
     audits = {c["name"]: c for c in doc["checkpoints"]}  # type: ignore[union-attr]
     assert audits["iter_0000001"]["status"] == "complete"
     # the async write ran, finalize did not: data files without .metadata; the tracker still names iteration 1
@@ -53,7 +55,9 @@ def test_fresh_megatron_save_audits_complete(live_save: Path) -> None:
     assert {f["code"] for f in audits["iter_0000002"]["findings"]} >= {"CK102"}
     codes = {f["code"] for f in doc["findings"]}  # type: ignore[union-attr]
     assert "CK506" in codes
-    assert rc == 1  # --all fully audits the half-written iteration: its CK102 error gates
+    # --all fully audits the half-written iteration and every iteration decides: its CK102 error gates, and the
+    # status says so (issue 25: it said complete and exited 1)
+    assert rc == 1 and doc["status"] == "incomplete"
 
 
 def test_fresh_megatron_save_topology(live_save: Path) -> None:

@@ -32,7 +32,8 @@ Outside CUDA, one determinism tweak (format unchanged):
     byte-identical across rebuilds; Megatron's .metadata may still differ in storage_data
     order, which its writer gathers from 2 writer processes in completion order).
 Nothing else in megatron.core.dist_checkpointing or torch.distributed.checkpoint is patched;
-torch.cuda.is_available() stays False.
+torch.cuda.is_available() stays False.  Only when CKPTINSPECT_WRITE_GATE is set (tests/test_inflight.py),
+tools/_write_gate.py wraps the file opens to sleep or SIGSTOP between writes: timing, not content.
 
 Verify mode only (loading back, never on the save path):
   * DistributedOptimizer._set_main_param_and_optimizer_states skips torch AdamW's 'step'
@@ -277,6 +278,10 @@ def worker_entry(rank: int, cfg: dict) -> None:
 
         torch.set_num_threads(1)
         install_cuda_shims()
+        if os.environ.get("CKPTINSPECT_WRITE_GATE"):
+            import _write_gate  # tests/test_inflight.py: slow the save down or stop it at chosen points
+
+            _write_gate.install()
         _seed_dcp_uuids(cfg["seed"], rank)
         _init_dist(rank, cfg["world"], cfg["port"])
         if cfg["format"] == "dcp":
@@ -373,6 +378,11 @@ def _get_rng_state_dict():
     }
 
 
+def _uses_msc(cfg: dict) -> bool:
+    """Whether the save goes through multistorageclient (make_sample_ckpts DEFAULTS `msc`)."""
+    return bool(cfg.get("msc", True))
+
+
 def _run_megatron(rank: int, cfg: dict) -> None:
     import random
 
@@ -383,6 +393,11 @@ def _run_megatron(rank: int, cfg: dict) -> None:
     from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 
     _patch_megatron_rng()
+    if not _uses_msc(cfg):
+        # Megatron-LM --disable-msc (training/initialize.py): megatron-core then writes with plain open()
+        from megatron.core.msc_utils import MultiStorageClientFeature
+
+        MultiStorageClientFeature.disable()
     if mcore_release() < (0, 16, 0):
         _patch_distopt_state_without_step()
     from megatron.core.distributed import (

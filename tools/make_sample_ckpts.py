@@ -13,8 +13,11 @@ Python API (importable by path; importing is cheap, torch/megatron load only in 
                     heads=4, vocab_size=100, make_vocab_size_divisible_by=64,
                     optim_sharding="dp_reshardable", iterations=(1,), half_written="none",
                     seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,
-                    lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d",
+                    lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d", msc=True,
                     timeout=600) -> str
+        # msc=False: Megatron-LM's --disable-msc (plain open() writes, not multistorageclient's
+        # atomic .<name>.tmp + rename); CKPTINSPECT_WRITE_GATE in the environment slows or stops
+        # the writes (tools/_write_gate.py, used by tests/test_inflight.py)
     verify_checkpoint(out_dir, timeout=600, **same_kwargs)   # Megatron load round trip
     build_samples(root="sample_ckpts", only=None, verify=False) -> {name: seconds}
     padded_vocab_size(vocab_size, make_vocab_size_divisible_by, tp) -> int
@@ -62,6 +65,9 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: in
 
 DEFAULTS = dict(
     fully_parallel=True,  # False: Megatron's --no-ckpt-fully-parallel-save (DP rank 0 writes the weights)
+    # False: Megatron-LM's --disable-msc (plain open() writes); True writes through multistorageclient when it is
+    # installed (megatron-core's default: atomic .<name>.tmp + rename per file)
+    msc=True,
     format="torch_dist", tp=2, pp=2, dp=2, layers=2, hidden=16, heads=4, vocab_size=100,
     make_vocab_size_divisible_by=64, optim_sharding="dp_reshardable", iterations=(1,),
     half_written="none", seed=1234, seq_length=16, micro_batch_size=2, num_microbatches=1,

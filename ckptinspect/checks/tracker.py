@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ckptinspect.findings import Finding, Status
+from ckptinspect.formats.inflight import age_of
 from ckptinspect.formats.savedir import (
     TRACKER,
     IterationDir,
@@ -40,8 +41,7 @@ def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[F
         pick = save.resume_pick()
         for it in save.iterations:
             if (pick is None or it.name != pick.name) and statuses.get(it.name) is Status.INCOMPLETE:
-                yield Finding("CK506", f"{it.name} is an incomplete save (the stack skips it; leftover of a crash?)",
-                              it.name, label, {"iteration": it.iteration})
+                yield _unfinished(it, label, None, "the stack skips it")
         return
     tracked = None
     if tracker.error is not None:
@@ -63,8 +63,17 @@ def run(save: SaveDir, statuses: Mapping[str, Status], label: str) -> Iterator[F
             yield Finding("CK505", f"{it.name} is complete and newer than the tracked iteration (finalize never ran?)",
                           it.name, label, {"iteration": it.iteration})
         elif status is Status.INCOMPLETE:
-            yield Finding("CK506", f"{it.name} is an incomplete save (leftover of a crash?)", it.name, label,
-                          {"iteration": it.iteration})
+            yield _unfinished(it, label, tracker.iteration)
+
+
+def _unfinished(it: IterationDir, label: str, tracked: int | str | None, note: str | None = None) -> Finding:
+    """CK506 for an incomplete iteration, with the age rule's verdict (`formats/inflight.py`): a save being written
+    (its newest file is within the grace, and the tracker — `tracked`, as read — names no later iteration) or a
+    crash leftover."""
+    age = age_of(it.path, it.iteration if isinstance(it.iteration, int) else None, tracked=tracked)
+    what = age.describe() + (f"; {note}" if note else "")
+    return Finding("CK506", f"{it.name} is an incomplete save: {what}", it.name, label,
+                   {"iteration": it.iteration, **age.to_dict()})
 
 
 def _non_persistent(save: SaveDir, label: str) -> Iterator[Finding]:

@@ -21,6 +21,7 @@ from ckptinspect.errors import access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.formats.args_values import args_findings
 from ckptinspect.formats.dcp import read_dcp
+from ckptinspect.formats.inflight import age_of, megatron_iteration
 from ckptinspect.formats.legacy import read_legacy
 from ckptinspect.formats.nvrx_local import LOCAL_FILE, find_local_root, read_nvrx_local, virtual_iteration
 from ckptinspect.formats.sniff import CheckpointSniff, SniffState, sniff_checkpoint
@@ -65,6 +66,8 @@ _HALF_WRITTEN_MESSAGES = {
     "CK103": ".metadata.tmp present: the save crashed while writing .metadata",
     "CK106": ".metadata missing although metadata.json marks the save finished",
     "CK100": "no known checkpoint format here (no metadata.json, .metadata or mp_rank_* dirs)",
+    "CK130": "a save started here and has written nothing after common.pt (no data file, no .metadata)",
+    "CK131": "metadata.json is cut short: the save's final marker is being written (or its write was interrupted)",
 }
 
 
@@ -123,10 +126,14 @@ def _with_args_findings(ckpt: Checkpoint) -> Checkpoint:
 def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     state_findings: tuple[Finding, ...] = ()
     if sniff.state is not SniffState.COMPLETE:
-        subject = sniff.subject or {"CK101": "metadata.json", "CK103": ".metadata.tmp"}.get(sniff.state, ".metadata")
+        subject = sniff.subject or {"CK101": "metadata.json", "CK103": ".metadata.tmp", "CK131": "metadata.json",
+                                    "CK130": None}.get(sniff.state, ".metadata")
+        details: dict[str, object] = {"evidence": list(sniff.evidence)}
+        if sniff.state in _UNFINISHED_MARKERS:
+            details.update(age_of(path, megatron_iteration(path, True)).to_dict())
         state_findings = (
             Finding(sniff.state.value, sniff.message or _HALF_WRITTEN_MESSAGES[sniff.state],
-                    None if sniff.state is SniffState.CK100 else subject, label, {"evidence": list(sniff.evidence)}),
+                    None if sniff.state is SniffState.CK100 else subject, label, details),
         )
     if sniff.format is None:
         return Checkpoint(path=label, format=None, findings=state_findings, extra={"evidence": list(sniff.evidence)})
@@ -135,5 +142,17 @@ def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     extra = dict(ckpt.extra)
     extra["evidence"] = list(sniff.evidence)
     extra["sniff_state"] = sniff.state.value
-    return replace(ckpt, generation=ckpt.generation or sniff.generation, findings=state_findings + ckpt.findings,
+    found = ckpt.findings
+    if sniff.state is SniffState.CK131:
+        # the reader's "metadata.json not JSON" is the cut marker CK131 already names: unfinished, not corrupt
+        found = tuple(f for f in found if not (f.code == "CK104" and f.subject == "metadata.json"))
+    elif sniff.state is SniffState.CK130:
+        # a common.pt that is not a whole archive yet is the write in progress CK130 names (what it referenced
+        # before the cut is still judged: CK601 / CK604 stay)
+        found = tuple(f for f in found if not (f.code == "CK206" and f.subject == "common.pt"))
+    return replace(ckpt, generation=ckpt.generation or sniff.generation, findings=state_findings + found,
                    extra=extra)
+
+
+# the states of a save caught before its end whose finding carries the age rule's verdict (`inflight.age_of`)
+_UNFINISHED_MARKERS = frozenset({SniffState.CK130, SniffState.CK131})

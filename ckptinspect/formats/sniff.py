@@ -17,6 +17,7 @@ from ckptinspect.formats.dcp_hf import hf_layout
 from ckptinspect.formats.dcp_ranks import missing_message, rank_files
 from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_generation
+from ckptinspect.formats.inflight import MSC_METADATA_TMP, msc_temp_of
 from ckptinspect.formats.legacy import is_legacy_dir
 from ckptinspect.formats.nvrx_local import LOCAL_FILE
 from ckptinspect.formats.savedir import TRACKER, SaveStyle, looks_like_save_dir
@@ -37,6 +38,8 @@ class SniffState(StrEnum):
     CK103 = "CK103"  # .metadata.tmp: crash while writing .metadata
     CK106 = "CK106"  # metadata.json present, .metadata lost
     CK209 = "CK209"  # the checkpoint dir cannot be listed or entered here (permission denied): nothing sniffed
+    CK130 = "CK130"  # Megatron iteration dir with nothing but (part of) common.pt: a save that started
+    CK131 = "CK131"  # metadata.json cut short (the final marker being written, or interrupted)
     CK503 = "CK503"  # save dir: the tracker names a missing iteration
     CK507 = "CK507"  # NeMo 2 `-unfinished` marker
     CK513 = "CK513"  # NVRx local file still being written (.dirty)
@@ -61,8 +64,10 @@ class CheckpointSniff:
 
 
 def _has_data_files(path: Path) -> bool:
+    """`*.distcp` files, or multistorageclient's atomic-write temps of them (`.__0_0.distcp.tmp`, renamed at close:
+    Megatron-Core writes through MSC whenever the package is installed, unless `--disable-msc`)."""
     try:
-        return any(p.name.endswith(".distcp") for p in path.iterdir())
+        return any(p.name.endswith(".distcp") or msc_temp_of(p.name, ".distcp") for p in path.iterdir())
     except OSError:
         return False
 
@@ -87,8 +92,10 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
     mj = path / "metadata.json"
     if mj.exists():
         gen = None
+        parsed = False
         try:
             cfg = json.loads(read_small(mj, MAX_JSON_BYTES).decode("utf-8"))
+            parsed = True
             backend = cfg.get("sharded_backend") if isinstance(cfg, dict) else None
             ev.append(f"metadata.json present (sharded_backend={backend!r})")
             if isinstance(cfg, dict):
@@ -103,6 +110,10 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
         if (path / "common.pt").exists():
             ev.append("common.pt present")
         state = SniffState.COMPLETE
+        cut = None if parsed else _cut_marker(path)
+        if cut is not None:
+            ev.append(cut)
+            return CheckpointSniff(Format.TORCH_DIST, tuple(ev), None, SniffState.CK131)
         if gen is not None and isinstance(cfg, dict) and cfg.get("sharded_backend") == "zarr":
             gen = GEN_ZARR
             ev.append("zarr backend: one zarr array dir per tensor key, no .metadata (megatron-core <=0.15)")
@@ -139,7 +150,8 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
             state = SniffState.CK103 if rf.missing[0] in rf.tmp else SniffState.CK102
             return CheckpointSniff(Format.TORCH_DCP, tuple(ev), None, state, subject, message)
         return CheckpointSniff(Format.TORCH_DCP, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
-    tmp = (path / ".metadata.tmp").exists()
+    # torch's FileSystemWriter writes .metadata.tmp then renames; through MSC the temp is `..metadata.tmp`
+    tmp = (path / ".metadata.tmp").exists() or (path / MSC_METADATA_TMP).exists()
     data = _has_data_files(path)
     if tmp or data:
         megatron = megatron_context or (path / "common.pt").exists()
@@ -155,7 +167,46 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
     if hf is not None:
         return CheckpointSniff(Format.TORCH_DCP, (hf,), "torch.distributed.checkpoint HuggingFaceStorageWriter",
                                SniffState.COMPLETE)
+    started = _started_save(path, megatron_context)
+    if started is not None:
+        return CheckpointSniff(Format.TORCH_DIST, (started,), None, SniffState.CK130)
     return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, SniffState.CK100)
+
+
+def _cut_marker(path: Path) -> str | None:
+    """Evidence when `metadata.json` is cut short beside a whole `.metadata` in an iteration the tracker does not
+    name: Megatron's rank 0 is writing it (plain `open('w')` + `json.dump`) or was stopped doing so. In the tracked
+    iteration a cut marker was whole once (the tracker is written after it): the reader's CK104 says corrupt."""
+    from ckptinspect.formats.inflight import cut_json, is_tracked
+
+    if not (path / ".metadata").exists() or is_tracked(path):
+        return None
+    try:
+        raw = read_small(path / "metadata.json", MAX_JSON_BYTES)
+    except OSError:
+        return None
+    if not cut_json(raw):
+        return None
+    return (f"metadata.json cut short ({len(raw)} bytes, a prefix of a JSON document) beside .metadata: the final "
+            "marker is being written or its write was interrupted")
+
+
+def _started_save(path: Path, megatron_context: bool) -> str | None:
+    """Evidence when `path` is a Megatron save that started and wrote nothing after `common.pt`: `common.pt` alone
+    (Megatron's file), or an empty dir that is Megatron's `iter_{N:07d}` of a save dir (`inflight.py`)."""
+    from ckptinspect.formats.inflight import COMMON_PT, megatron_iteration, only_started
+
+    started, names = only_started(path)
+    if not started:
+        return None
+    if names:
+        return (f"only {' and '.join(names)} present ({COMMON_PT} is written first, before the data files; "
+                f".{COMMON_PT}.tmp is multistorageclient's temp of it): a Megatron torch_dist save that started and "
+                "has written no data file yet")
+    if megatron_iteration(path, megatron_context) is not None:
+        return (f"{path.name} is Megatron's iteration dir (iter_{{N:07d}} in a save dir) and is empty: a save that "
+                "created its dir and has written nothing yet")
+    return None
 
 
 def _megatron_generation(path: Path, cfg: dict[str, object]) -> Generation:

@@ -3,7 +3,9 @@
 A save dir is audited as Megatron would resume from it: the tracked iteration (the newest when there is no tracker)
 is audited fully; every other iteration is classified cheaply (metadata-level checks, no hashing, no deep read)
 unless `all_iterations` asks for full audits. The save dir's status is the picked checkpoint's, worsened by tracker
-findings (docs/contract.md "Status of a checkpoint").
+findings (docs/contract.md "Status of a checkpoint"); with `all_iterations` every iteration's status decides too,
+as its findings decide the exit code. Iterations are audited one at a time: a leftover's report keeps its verdict
+and findings, not its parsed metadata.
 """
 
 from __future__ import annotations
@@ -148,20 +150,29 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
     save = read_save_dir(path)
     pick = save.resume_pick()
     audits: list[CheckpointAudit] = []
+    picked: CheckpointAudit | None = None
+    summary = None
     for it in save.iterations:
-        full = opts.all_iterations or (pick is not None and it.name == pick.name)
-        audits.append(audit_checkpoint(it.path, join_label(label, it.name), opts, full, save.style is SaveStyle.MEGATRON,
-                                       it.name))
+        is_pick = pick is not None and it.name == pick.name
+        full = opts.all_iterations or is_pick
+        a = audit_checkpoint(it.path, join_label(label, it.name), opts, full, save.style is SaveStyle.MEGATRON,
+                             it.name)
+        if is_pick:
+            picked, summary = _summarized(a, opts)
+            a = picked
+        else:
+            # one iteration at a time: a leftover keeps its verdict and findings, not its parsed metadata (tensor
+            # and object tables, chunk table, args), so a save dir's peak memory does not grow with its iterations
+            a = replace(a, checkpoint=_slim(a.checkpoint))
+        audits.append(a)
     statuses = {a.name or "": a.status for a in audits}
     own = _save_dir_findings(save, statuses, label, (f for a in audits for f in a.findings))
     dir_findings = tuple(filter_findings(own, opts.select, opts.ignore))
-    picked = next((a for a in audits if pick is not None and a.name == pick.name), None)
-    summary = None
-    if picked is not None:
-        index = audits.index(picked)
-        picked, summary = _summarized(picked, opts)
-        audits[index] = picked
-    status = worst_status([picked.status if picked else Status.COMPLETE, status_of(dir_findings)])
+    deciding = [picked.status if picked else Status.COMPLETE, status_of(dir_findings)]
+    if opts.all_iterations:
+        # --all audits every iteration fully, and every one decides: the status says what the exit code says
+        deciding.extend(a.status for a in audits)
+    status = worst_status(deciding)
     if picked is None and not dir_findings:
         status = Status.UNRECOGNIZED
     flat: list[Finding] = list(dir_findings)
@@ -178,7 +189,11 @@ def _save_dir_findings(save: SaveDir, statuses: Mapping[str, Status], label: str
     return own + list(unread_findings(save.path, label, [*own, *iterations]))
 
 
-
+def _slim(c: Checkpoint) -> Checkpoint:
+    """What a report keeps of a leftover iteration's checkpoint: its identity (path, format, iteration, generation)
+    and the reader's findings."""
+    return Checkpoint(path=c.path, format=c.format, generation=c.generation, iteration=c.iteration,
+                      findings=c.findings)
 
 
 @dataclass(frozen=True, slots=True)
