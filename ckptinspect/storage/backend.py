@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import enum
 import errno
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ckptinspect.errors import UsageError
 
@@ -54,6 +54,24 @@ class Listing:
     @property
     def empty(self) -> bool:
         return not self.files and not self.dirs
+
+
+def s3_list_page(page: Mapping[str, Any], prefix: str) -> tuple[Listing, str | None]:
+    """One S3 `ListObjectsV2` response page (delimiter `/`) as the objects and sub-prefixes directly under `prefix`,
+    and the continuation token of the next page (None on the last): the same for every S3 client."""
+    files: dict[str, ObjectInfo] = {}
+    dirs: set[str] = set()
+    for e in page.get("Contents", ()):
+        base = str(e.get("Key", ""))[len(prefix):]
+        if base and "/" not in base:
+            etag = e.get("ETag")
+            files[base] = ObjectInfo(base, int(e.get("Size") or 0), str(etag) if etag not in (None, "") else None)
+    for e in page.get("CommonPrefixes", ()):
+        base = str(e.get("Prefix", ""))[len(prefix):].rstrip("/")
+        if base and "/" not in base:
+            dirs.add(base)
+    nxt = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+    return Listing(files, frozenset(dirs)), (str(nxt) if nxt else None)
 
 
 class Fault(enum.Enum):

@@ -25,7 +25,7 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ckptinspect.storage.backend import Fault, Listing, ObjectInfo
+from ckptinspect.storage.backend import Fault, Listing, ObjectInfo, s3_list_page
 from ckptinspect.storage.faults import classify
 
 LIST_PAGE_KEYS = 1000  # entries per S3 listing page (the API's maximum)
@@ -85,18 +85,7 @@ class Boto3Backend:
             kwargs["ContinuationToken"] = token
         page: Mapping[str, Any] = self.client.list_objects_v2(**kwargs)
         prefix = kwargs["Prefix"]
-        files: dict[str, ObjectInfo] = {}
-        dirs: set[str] = set()
-        for e in page.get("Contents", ()):
-            base = str(e.get("Key", ""))[len(prefix):]
-            if base and "/" not in base:
-                files[base] = ObjectInfo(base, int(e.get("Size") or 0), _etag(e))
-        for e in page.get("CommonPrefixes", ()):
-            base = str(e.get("Prefix", ""))[len(prefix):].rstrip("/")
-            if base and "/" not in base:
-                dirs.add(base)
-        nxt = page.get("NextContinuationToken") if page.get("IsTruncated") else None
-        return Listing(files, frozenset(dirs)), (str(nxt) if nxt else None)
+        return s3_list_page(page, prefix)
 
     def list_dir(self, key: str) -> Listing:
         files: dict[str, ObjectInfo] = {}

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ckptinspect.storage.backend import Fault, Listing, ObjectInfo
+from ckptinspect.storage.backend import Fault, Listing, ObjectInfo, s3_list_page
 from ckptinspect.storage.faults import classify
 from ckptinspect.storage.url import Scheme
 
@@ -97,18 +97,7 @@ class FsspecBackend:
             kwargs["ContinuationToken"] = token
         page: Mapping[str, Any] = self.fs.call_s3("list_objects_v2", **kwargs)
         prefix = kwargs["Prefix"]
-        files: dict[str, ObjectInfo] = {}
-        dirs: set[str] = set()
-        for e in page.get("Contents", ()):
-            base = str(e.get("Key", ""))[len(prefix):]
-            if base and "/" not in base:
-                files[base] = ObjectInfo(base, int(e.get("Size") or 0), _etag(e))
-        for e in page.get("CommonPrefixes", ()):
-            base = str(e.get("Prefix", ""))[len(prefix):].rstrip("/")
-            if base and "/" not in base:
-                dirs.add(base)
-        nxt = page.get("NextContinuationToken") if page.get("IsTruncated") else None
-        return Listing(files, frozenset(dirs)), (str(nxt) if nxt else None)
+        return s3_list_page(page, prefix)
 
     def list_dir(self, key: str) -> Listing:
         path = self._path(key)
