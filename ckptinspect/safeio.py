@@ -199,6 +199,15 @@ def note_unread(path: str | os.PathLike[str], e: BaseException, op: str) -> Unre
     return note
 
 
+
+def note_failed_open(e: OSError, fallback: str | os.PathLike[str]) -> None:
+    """A reader met an access failure `e` where it did not expect one: note the path it names (`fallback` when it
+    names none) as unopened, unless the dir above it cannot be listed or entered (then that dir is noted by the
+    probe: it is what failed)."""
+    where = e.filename if isinstance(e.filename, str) else os.fspath(fallback)
+    if probe_dir(os.path.dirname(where) or ".") is None:
+        note_unread(where, e, "open")
+
 @contextmanager
 def unread_scope() -> Iterator[None]:
     """The extent of one command: notes taken inside it are there for `take_unread`; the outermost scope starts

@@ -28,7 +28,7 @@ from ckptinspect.formats.sniff import CheckpointSniff, SniffState, sniff_checkpo
 from ckptinspect.formats.stacks import enrich, outer_layout
 from ckptinspect.formats.torch_dist import read_torch_dist
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.safeio import note_unread, probe_dir, unread_scope
+from ckptinspect.safeio import note_failed_open, probe_dir, unread_scope
 from ckptinspect.storage.findings import storage_findings, unread_findings
 
 Reader = Callable[[Path, str], Checkpoint]
@@ -94,9 +94,7 @@ def read_checkpoint(path: Path, label: str, megatron_context: bool = False) -> C
                 raise
             # A reader met an unreadable path where it did not expect one (a sub-dir it may not enter): what it
             # read is lost, but the verdict is honest: incomplete, naming the path, never a traceback.
-            where = Path(e.filename) if isinstance(e.filename, str) else path
-            if probe_dir(where.parent) is None:  # (else the dir above it is noted: that is what failed)
-                note_unread(where, e, "open")
+            note_failed_open(e, path)
             ckpt = Checkpoint(path=label, format=None)
         extra = unread_findings(path, label, ckpt.findings)
         return replace(ckpt, findings=ckpt.findings + extra) if extra else ckpt

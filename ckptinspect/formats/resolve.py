@@ -11,7 +11,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats.savedir import SaveDir, join_label, read_save_dir, tracked_missing, tracker_unparseable
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Kind
-from ckptinspect.safeio import note_unread, probe_dir, require_path
+from ckptinspect.safeio import note_failed_open, require_path
 from ckptinspect.storage.findings import unread_findings
 
 
@@ -53,7 +53,5 @@ def access_guard(path: Path, label: str) -> Iterator[None]:
     except OSError as e:
         if not access_failure(e):
             raise
-        where = Path(e.filename) if isinstance(e.filename, str) else path
-        if probe_dir(where.parent) is None:  # (else the dir above it is noted: that is what failed)
-            note_unread(where, e, "open")
+        note_failed_open(e, path)
         raise BrokenSaveDir(f"{label}: part of it cannot be read here", unread_findings(path, label)) from e
