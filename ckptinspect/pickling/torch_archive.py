@@ -23,7 +23,7 @@ from ckptinspect.pickling.legacy_format import read_legacy_pickles
 from ckptinspect.pickling.tar_archive import tar_walks
 from ckptinspect.pickling.walk import is_pickle_start, walk_stream
 from ckptinspect.pickling.zipdir import local_data_start
-from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error
+from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error, vet_walk
 
 @dataclass(frozen=True, slots=True)
 class ArchiveRecord:
@@ -93,11 +93,10 @@ def read_torch_archive(f: IO[bytes], offset: int = 0, length: int | None = None)
         if is_pickle_start(head[:2]):
             # torch.load takes any file that does not start with a zip local header for a legacy (pre-1.6) save and
             # unpickles its pickles with the plain unpickler: judge them all first, then read the layout.
-            walk = walk_stream(view, length)
-            report.merge_walk(walk)
-            if walk.limit is not None:
-                raise _with(LimitExceeded(f"legacy torch file: {walk.limit}", "CK605" if walk.unjudged else "CK603"),
-                            report)
+            try:
+                vet_walk(walk_stream(view, length), report)
+            except LimitExceeded as e:
+                raise _with(e, report)
             if report.unsafe:
                 return TorchArchive("", {}, None, report)
             view.seek(0)

@@ -270,7 +270,7 @@ def load_pickle(
             if not prewalked:
                 # The memo bound must hold for every size: the walk streams (bounded memory), then the unpickler
                 # reads the same bytes again.
-                _vet(walk_stream(source, size), report)
+                vet_walk(walk_stream(source, size), report)
                 source.seek(start)
     if isinstance(source, (bytes, memoryview)):
         if len(source) > MAX_PICKLE_BYTES:
@@ -279,7 +279,7 @@ def load_pickle(
         # hashes nested tuples recursively in C: a 12-byte pickle can make it allocate gigabytes or overflow the C
         # stack. The opcode walk (no objects built) sees it, and gives the verdict `scan` gives the same bytes.
         if not prewalked:
-            _vet(walk_pickle(source), report)
+            vet_walk(walk_pickle(source), report)
         stream: IO[bytes] = io.BufferedReader(io.BytesIO(source))
     else:
         stream = source
@@ -302,7 +302,9 @@ def unpickle_stream(stream: IO[bytes], report: PickleReport, discard_plans: bool
         raise ReadError(f"not a readable pickle: {type(e).__name__}: {short_error(e)}", "CK206") from e
 
 
-def _vet(walk: PickleWalk, report: PickleReport) -> None:
+def vet_walk(walk: PickleWalk, report: PickleReport) -> None:
+    """Merge a walk's verdict into `report`, and refuse the bytes when the walk hit a bound: CK605 when the rest was
+    not judged (fail closed), CK603 when they exceed what the unpickler could build."""
     report.merge_walk(walk)
     if walk.limit is not None:
         if walk.unjudged:  # the rest of the pickle was not judged: fail closed
