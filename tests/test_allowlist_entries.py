@@ -48,11 +48,6 @@ class Witness:
     torch_allows: bool = True  # (torch entries nothing writes) torch's weights_only unpickler allows the name
 
 
-class _Plain:  # a class of this module, pickled by protocols 0/1 through copyreg._reconstructor
-    def __init__(self) -> None:
-        self.a = 1
-
-
 def _t() -> Any:
     import torch
 
@@ -93,10 +88,6 @@ def _dtensor() -> Any:
 
 def _njt() -> Any:
     return _t().nested.nested_tensor([_t().zeros(2), _t().zeros(3)], layout=_t().jagged)
-
-
-def _reconstructor_pickle(fix_imports: bool) -> bytes:
-    return pickle.dumps(_Plain(), protocol=0, fix_imports=fix_imports)
 
 
 _TYPE = "a class object: pickling the type itself writes the reference; calling it builds a plain value"
@@ -287,10 +278,6 @@ def _judged_here(data: bytes) -> None:
     assert all(v is GlobalClass.ALLOWED for v in report.globals.values()), report.globals
 
 
-def _qual(names: set[str] | dict[str, Any]) -> set[str]:
-    return set(names)
-
-
 @pytest.mark.parametrize("entry", ENTRIES, ids=[f"{m}.{n}" for m, n in ENTRIES])
 def test_entry_is_written_by_the_real_library_and_read_back(entry: tuple[str, str]) -> None:
     witness = WITNESSES[entry]
@@ -299,7 +286,8 @@ def test_entry_is_written_by_the_real_library_and_read_back(entry: tuple[str, st
     obj = witness.build()
     if witness.torch:
         archive, data = _torch_pickle(obj)
-        assert f"{module}.{name}" in _qual(walk_pickle(data).globals), walk_pickle(data).globals
+        walked = walk_pickle(data).globals
+        assert f"{module}.{name}" in walked, walked
         if witness.torch_allows:
             _t().load(io.BytesIO(archive), weights_only=True)  # the real loader's own allowlist takes it
         else:  # the real loader, as a checkpoint of these classes is loaded (weights_only refuses _DimRange)
