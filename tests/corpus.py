@@ -8,9 +8,9 @@ status, the codes that must appear, the codes that must not, which path to audit
 
 The cases live one module per check family (`corpus_healthy.py`, `corpus_storage.py`, `corpus_coverage.py`,
 `corpus_formats.py`, `corpus_manifest.py`, `corpus_tracker.py`, `corpus_safety.py`, `corpus_legacy.py`,
-`corpus_args.py`, `corpus_inflight.py`; the parallel layouts and the training stacks in `corpus_layouts.py` / `corpus_stacks.py`), the
-builders and mutation helpers they share in `corpus_kit.py`. This module gathers the families into `CASES` and
-re-exports the kit's names the tests import from here.
+`corpus_args.py`, `corpus_inflight.py`; the parallel layouts and the training stacks in `corpus_layouts.py` /
+`corpus_stacks.py`), the builders and mutation helpers they share in `corpus_kit.py`. This module gathers the
+families into `CASES` and re-exports the kit's names the tests import from here.
 
 `tests/test_acceptance.py` runs the CLI over `CASES` (case name = test id). Builders never touch the sources.
 """

@@ -74,9 +74,13 @@ def test_a_save_in_progress_reads_incomplete_then_complete(tmp_path: Path) -> No
             entries = {c["name"]: c for c in doc["checkpoints"]}
             assert entries[IT1]["status"] == "complete"
             if IT2 in entries:
-                it2.append((p["t"], entries[IT2]["status"], tuple(sorted({f["code"] for f in entries[IT2]["findings"]}))))
+                codes = tuple(sorted({f["code"] for f in entries[IT2]["findings"]}))
+                it2.append((p["t"], entries[IT2]["status"], codes))
     statuses = [s for _, s, _ in it2]
-    assert set(statuses) <= {"incomplete", "complete"}, it2
+    odd = [(t, s, codes) for t, s, codes in it2 if s not in ("incomplete", "complete")]
+    odd_findings = [f for p in polls for f in p["doc"].get("findings", ())
+                    if f["code"] not in ("CK400", "CK505", "CK506") and IT2 in str(f["path"])]
+    assert not odd, (odd, odd_findings[:5])
     first_complete = statuses.index("complete")
     assert "incomplete" not in statuses[first_complete:], it2  # never back
     assert statuses[-1] == "complete" and polls[-1]["doc"]["tracker"]["iteration"] == 2

@@ -141,8 +141,9 @@ def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
     extra["evidence"] = list(sniff.evidence)
     extra["sniff_state"] = sniff.state.value
     found = ckpt.findings
-    if sniff.state is SniffState.CK131:
-        # the reader's "metadata.json not JSON" is the cut marker CK131 already names: unfinished, not corrupt
+    if sniff.state in (SniffState.CK131, SniffState.CK101):
+        # the reader's "metadata.json not JSON" is the cut marker CK131 already names (or, after CK101, the marker
+        # rank 0 began writing after the sniff looked): unfinished, not corrupt
         found = tuple(f for f in found if not (f.code == "CK104" and f.subject == "metadata.json"))
     elif sniff.state is SniffState.CK130:
         # a common.pt that is not a whole archive yet is the write in progress CK130 names (what it referenced

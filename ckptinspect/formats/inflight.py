@@ -78,6 +78,13 @@ def msc_temp_of(name: str, suffix: str) -> bool:
     return name.startswith(".") and name.endswith(suffix + ".tmp") and len(name) > len(suffix) + 5
 
 
+def save_file(name: str) -> bool:
+    """Whether `name` is a file a Megatron torch_dist save writes into its iteration dir (or MSC's temp of one)."""
+    if name in (COMMON_PT, ".metadata", ".metadata.tmp", MSC_METADATA_TMP, "metadata.json"):
+        return True
+    return name.endswith(".distcp") or any(msc_temp_of(name, s) for s in (".distcp", COMMON_PT, "metadata.json"))
+
+
 def only_started(path: Path) -> tuple[bool, tuple[str, ...]]:
     """Whether `path` holds nothing a save writes after `common.pt`: (True, names) for an empty dir or one holding
     only `common.pt` (whole or cut) or MSC's temp of it, else (False, ())."""

@@ -72,11 +72,13 @@ def _has_data_files(path: Path) -> bool:
         return False
 
 
-def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSniff:
+def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2) -> CheckpointSniff:
     """Sniff one checkpoint dir (or a legacy `.pt` file). Never raises.
 
     `megatron_context` says the dir sits in a Megatron save dir (tracker / `iter_*` naming), which decides the
-    format of a save that crashed before `.metadata` existed.
+    format of a save that crashed before `.metadata` existed. A save being written can move on between the checks
+    below (a data file appearing after the dir was found holding only `common.pt`): a Megatron iteration dir that
+    reads as no checkpoint while it holds a file of the save is sniffed again (`_again` more times at most).
     """
     if path.is_file():
         if LOCAL_FILE.match(path.name):
@@ -170,7 +172,22 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False) -> CheckpointSn
     started = _started_save(path, megatron_context)
     if started is not None:
         return CheckpointSniff(Format.TORCH_DIST, (started,), None, SniffState.CK130)
+    if _again > 0 and _save_moved_on(path, megatron_context):
+        return sniff_checkpoint(path, megatron_context, _again - 1)
     return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, SniffState.CK100)
+
+
+def _save_moved_on(path: Path, megatron_context: bool) -> bool:
+    """A Megatron iteration dir that holds a file its save writes: the checks above would have named it, so the
+    save wrote it while they ran."""
+    from ckptinspect.formats.inflight import megatron_iteration, save_file
+
+    if megatron_iteration(path, megatron_context) is None:
+        return False
+    try:
+        return any(save_file(p.name) for p in path.iterdir())
+    except OSError:
+        return False
 
 
 def _cut_marker(path: Path) -> str | None:

@@ -72,7 +72,8 @@ def _suggestion(f: _Facts) -> str:
     if v.vocab_size is None:
         text += " for any vocabulary the saved size can have been padded from"
     if f.vocab_file_run and m_saved and best != m_saved:
-        text += (f"; but the run has a vocab_file ({arg_text(f.args, 'tokenizer_type')}), so check_checkpoint_args then "
+        tokenizer = arg_text(f.args, "tokenizer_type")
+        text += (f"; but the run has a vocab_file ({tokenizer}), so check_checkpoint_args then "
                  f"asserts make_vocab_size_divisible_by == {m_saved}: add --finetune (or --use-checkpoint-args on a "
                  "Megatron-LM whose build_tokenizer keeps a padded_vocab_size set from the checkpoint)")
     return text
@@ -391,4 +392,5 @@ def _i_missing(f: _Facts) -> str | None:
 
 def _i_load(f: _Facts) -> str | None:
     it = f.ckpt.iteration if f.ckpt.iteration is not None else f.common.get("iteration", f.common.get("total_iters"))
-    return f"iteration {it}; consumed_train_samples {arg_int(f.args, 'consumed_train_samples') or 0} from the checkpoint args"
+    consumed = arg_int(f.args, "consumed_train_samples") or 0
+    return f"iteration {it}; consumed_train_samples {consumed} from the checkpoint args"

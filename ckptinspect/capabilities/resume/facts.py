@@ -198,7 +198,8 @@ def _facts(ckpt: Checkpoint, t: ResumeTarget) -> _Facts:
                         f"because the run has a vocab_file ({arg_text(a, 'tokenizer_type')})")
     opt_keys = any(x.key.startswith(("optimizer.", "distrib_optim.")) for x in ckpt.tensors) or any(
         o.family.startswith("optimizer.") for o in ckpt.objects)
-    has_opt = not arg_flag(a, "no_save_optim") and ("optimizer" in common or opt_keys or ckpt.optimizer_sharding is not None)
+    has_opt = not arg_flag(a, "no_save_optim") and ("optimizer" in common or opt_keys
+                                                     or ckpt.optimizer_sharding is not None)
     has_rng = (any(o.family.endswith("rng_state") for o in ckpt.objects) if not legacy
                else "rng_state" in common or "random_rng_state" in common)
     return _Facts(
