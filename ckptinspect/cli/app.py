@@ -18,6 +18,8 @@ from ckptinspect.cli.shell import (
     Output,
     OutputOpt,
     PathArg,
+    ProgressMode,
+    ProgressOpt,
     SelectOpt,
     emit_raw,
     emit_text,
@@ -150,6 +152,7 @@ def audit(
     fail_on: FailOnOpt = FailOn.ERROR,
     select: SelectOpt = None,
     ignore: IgnoreOpt = None,
+    progress: ProgressOpt = ProgressMode.AUTO,
     debug: DebugOpt = False,
 ) -> None:
     """Run every check; print the verdict; exit 1 on findings at or above --fail-on.
@@ -161,7 +164,8 @@ def audit(
     def body() -> int:
         from ckptinspect.api import audit as do_audit
 
-        with progress_bar(output is Output.TEXT and (deep or hash_files), "deep read") as hook:
+        with progress_bar(output is Output.TEXT and (deep or hash_files), "deep read", progress,
+                          long=deep or hash_files, command="audit") as hook:
             r = do_audit(path, deep=deep, hash_files=hash_files, all_iterations=all_iterations, manifest=manifest,
                          select=select or (), ignore=ignore or (), progress=hook)
         if output is Output.JSON:
@@ -230,6 +234,7 @@ def diff(
     b: Annotated[Path, location_arg("checkpoint or save dir B (local path or URL)")],
     values: Annotated[bool, typer.Option("--values", help="also compare tensor contents chunk by chunk")] = False,
     output: OutputOpt = Output.TEXT,
+    progress: ProgressOpt = ProgressMode.AUTO,
     debug: DebugOpt = False,
 ) -> None:
     """Args diff (classified, blocking or not) and tensor diff (keys, shapes, dtypes, layouts; values)."""
@@ -238,7 +243,8 @@ def diff(
         from ckptinspect.api import diff as do_diff
 
         only(output, (Output.TEXT, Output.JSON))
-        with progress_bar(output is Output.TEXT and values, "values") as hook:
+        with progress_bar(output is Output.TEXT and values, "values", progress, long=values,
+                          command="diff") as hook:
             r = do_diff(a, b, values=values, progress=hook)
         if output is Output.JSON:
             emit_raw(r.to_json())

@@ -16,6 +16,8 @@ from ckptinspect.cli.shell import (
     Output,
     OutputOpt,
     PathArg,
+    ProgressMode,
+    ProgressOpt,
     SelectOpt,
     emit_raw,
     emit_text,
@@ -50,6 +52,7 @@ def manifest_verify(
     fail_on: FailOnOpt = FailOn.ERROR,
     select: SelectOpt = None,
     ignore: IgnoreOpt = None,
+    progress: ProgressOpt = ProgressMode.AUTO,
     debug: DebugOpt = False,
 ) -> None:
     """Verify a SHA-256 manifest (the checkpoint's own integrity.json by default)."""
@@ -59,7 +62,7 @@ def manifest_verify(
 
         only(output, (Output.TEXT, Output.JSON, Output.JUNIT, Output.SARIF))
         shard_t = _parse_shard(shard)
-        with progress_bar(output is Output.TEXT, "sha256") as hook:
+        with progress_bar(output is Output.TEXT, "sha256", progress, command="manifest verify") as hook:
             r = verify_manifest(path, manifest, shard=shard_t, workers=workers, select=select or (),
                                 ignore=ignore or (), progress=hook)
         _emit_manifest_result(r, output)
@@ -106,6 +109,7 @@ def manifest_write(
     recursive: Annotated[bool, typer.Option("--recursive", help="also list files in sub-dirs")] = False,
     workers: Annotated[Optional[int], typer.Option("--workers", help="hashing threads")] = None,
     output: OutputOpt = Output.TEXT,
+    progress: ProgressOpt = ProgressMode.AUTO,
     debug: DebugOpt = False,
 ) -> None:
     """Write a SHA-256 manifest in Megatron's integrity.json schema (atomically)."""
@@ -116,7 +120,7 @@ def manifest_write(
 
         only(output, (Output.TEXT, Output.JSON))
         try:
-            with progress_bar(output is Output.TEXT, "sha256") as hook:
+            with progress_bar(output is Output.TEXT, "sha256", progress, command="manifest write") as hook:
                 r = write_manifest(path, out, recursive=recursive, workers=workers, progress=hook)
         except (ReadError, OSError) as e:
             # a file it may not read, a dir it may not write: the manifest cannot be made, and nothing was written

@@ -40,6 +40,15 @@ class FailOn(str, enum.Enum):
         return {"error": Severity.ERROR, "warning": Severity.WARNING, "never": None}[self.value]
 
 
+class ProgressMode(str, enum.Enum):
+    """`--progress`: how long work reports progress on stderr."""
+
+    AUTO = "auto"  # a bar on a terminal (text output); JSON lines without a terminal (logs: Slurm, CI)
+    BAR = "bar"
+    JSONL = "jsonl"
+    NONE = "none"
+
+
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="text | json | markdown | junit | sarif")]
@@ -47,6 +56,9 @@ FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="exit 1 on findings
 SelectOpt = Annotated[list[str] | None, typer.Option("--select", help="only findings whose code starts with this")]
 IgnoreOpt = Annotated[list[str] | None, typer.Option("--ignore", help="drop findings whose code starts with this")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks of internal errors")]
+ProgressOpt = Annotated[ProgressMode, typer.Option(
+    "--progress", help="progress of long work on stderr: auto (a bar on a terminal, JSON lines otherwise) | bar | "
+                       "jsonl | none")]
 
 
 def parse_location(text: str) -> Path:
@@ -170,9 +182,25 @@ def _broken(e: BrokenSaveDir, json_command: str | None, sarif_command: str | Non
 
 
 @contextmanager
-def progress_bar(enabled: bool, description: str) -> Iterator[ProgressHook | None]:
-    """A rich progress bar on stderr (bytes, rate, ETA) when stderr is a terminal and `enabled`; else None."""
-    if not enabled or not sys.stderr.isatty():
+def progress_bar(enabled: bool, description: str, mode: ProgressMode = ProgressMode.AUTO, long: bool = True,
+                 command: str = "") -> Iterator[ProgressHook | None]:
+    """The progress hook of a command's long work, or None.
+
+    enabled: a bar is wanted on a terminal (text output). long: the work is long (hashing, `--deep`, `--values`).
+    `auto`: a rich bar on stderr (bytes, rate, ETA) when stderr is a terminal and `enabled`; JSON lines
+    (`cli/progress_jsonl.py`) when stderr is not a terminal and the work is long; else nothing.
+    """
+    tty = sys.stderr.isatty()
+    if mode is ProgressMode.NONE or (mode is ProgressMode.AUTO and not long):
+        yield None
+        return
+    if mode is ProgressMode.JSONL or (mode is ProgressMode.AUTO and not tty):
+        from ckptinspect.cli.progress_jsonl import jsonl_progress
+
+        with jsonl_progress(command, description) as jsonl:
+            yield jsonl
+        return
+    if mode is ProgressMode.AUTO and not enabled:
         yield None
         return
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
