@@ -1,4 +1,4 @@
-"""Benchmark `ckptinspect.checks.integrity_verify.verify_manifest` against Megatron's serial verifier and `sha256sum`.
+"""Benchmark `ckptinspect.services.integrity_verify.verify_manifest` against Megatron's serial verifier and `sha256sum`.
 
 Creates ``--size-gb`` GiB of data in ``--files`` files (or takes the files of ``--dir``, read-only: the manifest is
 then written to a temp dir), writes a manifest, warms the page cache, and times on the same files:
@@ -37,9 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ckptinspect.findings import Status  # noqa: E402
-from ckptinspect.capabilities.manifest.manifest import write_manifest  # noqa: E402
-from ckptinspect.checks.integrity_hashing import default_workers  # noqa: E402
-from ckptinspect.checks.integrity_verify import verify_manifest  # noqa: E402
+from ckptinspect.commands.manifest.manifest import write_manifest  # noqa: E402
+from ckptinspect.services.integrity_hashing import default_workers  # noqa: E402
+from ckptinspect.services.integrity_verify import verify_manifest  # noqa: E402
 
 MiB = 1 << 20
 GB = 1e9
@@ -49,7 +49,7 @@ RSS_CHILD = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
-from ckptinspect.checks.integrity_verify import verify_manifest
+from ckptinspect.services.integrity_verify import verify_manifest
 def hwm():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):

@@ -286,7 +286,7 @@ def bench_verify(mb: int, files: int, tmp: Path, repeat: int = 3, msc: bool = Tr
     which caps every connection's download rate, as object storage does per connection."""
     import boto3
 
-    from ckptinspect.capabilities.manifest.manifest import write_manifest
+    from ckptinspect.commands.manifest.manifest import write_manifest
 
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

@@ -53,14 +53,14 @@ from ckptinspect.results import (
 )
 
 if TYPE_CHECKING:
-    from ckptinspect.capabilities.estimate.describe import GptDescription
+    from ckptinspect.commands.estimate.describe import GptDescription
 
 
 def __getattr__(name: str) -> Any:
     """`GptDescription` (the model description `estimate` takes) is imported on first use: it pulls in the estimate
     arithmetic, which `import ckptinspect` should not pay for."""
     if name == "GptDescription":
-        from ckptinspect.capabilities.estimate.describe import GptDescription
+        from ckptinspect.commands.estimate.describe import GptDescription
 
         return GptDescription
     raise AttributeError(f"module 'ckptinspect' has no attribute {name!r}")

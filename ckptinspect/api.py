@@ -34,8 +34,8 @@ from ckptinspect.results import (
 )
 
 if TYPE_CHECKING:
-    from ckptinspect.capabilities.estimate.describe import GptDescription
-    from ckptinspect.checks.integrity_report import ManifestReport
+    from ckptinspect.commands.estimate.describe import GptDescription
+    from ckptinspect.services.integrity_report import ManifestReport
     from ckptinspect.model import Checkpoint
     from ckptinspect.progress import ProgressHook
 
@@ -47,14 +47,14 @@ def _path(path: PathLike) -> tuple[Path, str]:
     A `Path` given as such (an object path included) is kept: `os.fspath` of an object path refuses on purpose."""
     if isinstance(path, Path):
         return path, str(path)
-    from ckptinspect.storage import location
+    from ckptinspect.io import location
 
     p = location(os.fspath(path))
     return p, str(p)
 
 
 def _exists(p: Path, label: str) -> None:
-    from ckptinspect.safeio import require_path
+    from ckptinspect.io.local import require_path
 
     require_path(p, label)  # UsageError: no such file, or permission denied on PATH itself
 
@@ -86,7 +86,7 @@ def read(path: PathLike) -> Checkpoint:
 def ls(path: PathLike) -> LsResult:
     """Every iteration of a save dir with its (metadata-level) status, size, files and whether the tracker names it;
     the tracker's findings (`ckptinspect ls`). A checkpoint dir lists as one row."""
-    from ckptinspect.capabilities.audit.audit import list_save_dir
+    from ckptinspect.commands.audit.audit import list_save_dir
 
     p, label = _path(path)
     return LsResult(list_save_dir(p, label))
@@ -95,7 +95,7 @@ def ls(path: PathLike) -> LsResult:
 def info(path: PathLike) -> InfoResult:
     """The checkpoint as read — format, iteration, topology, optimizer sharding, tensors, objects, files, args —
     with its byte summary and the reader's own findings (`ckptinspect info`; `audit` runs the checks)."""
-    from ckptinspect.capabilities.audit.summary import summarize
+    from ckptinspect.commands.audit.summary import summarize
 
     ckpt = read(path)
     return InfoResult(ckpt, summarize(ckpt))
@@ -105,8 +105,8 @@ def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_i
           manifest: PathLike | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
           progress: ProgressHook | None = None) -> AuditResult:
     """Run every check on a checkpoint or a save dir (`ckptinspect audit`)."""
-    from ckptinspect.capabilities.audit.audit import AuditOptions
-    from ckptinspect.capabilities.audit.audit import audit as do_audit
+    from ckptinspect.commands.audit.audit import AuditOptions
+    from ckptinspect.commands.audit.audit import audit as do_audit
     from ckptinspect.checks import CheckContext
 
     p, label = _path(path)
@@ -124,7 +124,7 @@ def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_i
 
 def diff(a: PathLike, b: PathLike, *, values: bool = False, progress: ProgressHook | None = None) -> DiffResult:
     """Args diff (classified, blocking or not) and tensor diff of two checkpoints (`ckptinspect diff`)."""
-    from ckptinspect.capabilities.diff.diff import diff_paths
+    from ckptinspect.commands.diff.diff import diff_paths
 
     pa, la = _path(a)
     pb, lb = _path(b)
@@ -136,7 +136,7 @@ def resume(path: PathLike, *, tp: int, pp: int, dp: int | None = None, ep: int |
            make_vocab_size_divisible_by: int | None = None, vocab_size: int | None = None, finetune: bool = False,
            no_load_optim: bool = False, no_load_rng: bool = False) -> ResumeResult:
     """What a resume with this topology and these flags restores, drops or fails on (`ckptinspect resume`)."""
-    from ckptinspect.capabilities.resume import ResumeTarget, predict_resume
+    from ckptinspect.commands.resume import ResumeTarget, predict_resume
 
     target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
                           make_vocab_size_divisible_by=make_vocab_size_divisible_by,
@@ -148,7 +148,7 @@ def resume(path: PathLike, *, tp: int, pp: int, dp: int | None = None, ep: int |
 def coverage(path: PathLike, keys: Sequence[str] = (), *, select: Sequence[str] = (), ignore: Sequence[str] = ()
              ) -> CoverageResult:
     """Per-tensor chunk coverage (every tensor when `keys` is empty; `ckptinspect coverage`)."""
-    from ckptinspect.capabilities.coverage.coverage import coverage as do_coverage
+    from ckptinspect.commands.coverage.coverage import coverage as do_coverage
 
     return CoverageResult(do_coverage(read(path), keys, select, ignore))
 
@@ -157,7 +157,7 @@ def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: 
                     workers: int | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
                     progress: ProgressHook | None = None) -> ManifestResult:
     """Verify a SHA-256 manifest (the checkpoint's own `integrity.json` by default; `ckptinspect manifest verify`)."""
-    from ckptinspect.checks.integrity_verify import verify_manifest as do_verify
+    from ckptinspect.services.integrity_verify import verify_manifest as do_verify
     from ckptinspect.errors import UsageError
     from ckptinspect.formats.resolve import resolve_checkpoint
 
@@ -177,7 +177,7 @@ def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: 
 def merge_manifest_reports(reports: Sequence[Mapping[str, Any]], *, select: Sequence[str] = (),
                            ignore: Sequence[str] = ()) -> ManifestResult:
     """One verdict from the JSON documents of sharded verifications (`ckptinspect manifest merge`)."""
-    from ckptinspect.capabilities.manifest.report import merge_reports
+    from ckptinspect.commands.manifest.report import merge_reports
 
     return ManifestResult(_filtered(merge_reports(reports), select, ignore), "manifest merge")
 
@@ -197,7 +197,7 @@ def _filtered(report: ManifestReport, select: Sequence[str], ignore: Sequence[st
 def write_manifest(path: PathLike, out: PathLike | None = None, *, recursive: bool = False,
                    workers: int | None = None, progress: ProgressHook | None = None) -> WrittenManifestResult:
     """Write a SHA-256 manifest in Megatron's `integrity.json` schema, atomically (`ckptinspect manifest write`)."""
-    from ckptinspect.capabilities.manifest.manifest import write_manifest as do_write
+    from ckptinspect.commands.manifest.manifest import write_manifest as do_write
     from ckptinspect.formats.resolve import resolve_checkpoint
 
     p, label = _path(path)
@@ -209,7 +209,7 @@ def write_manifest(path: PathLike, out: PathLike | None = None, *, recursive: bo
 
 def scan(path: PathLike, *, select: Sequence[str] = (), ignore: Sequence[str] = ()) -> ScanResult:
     """Pickle-safety scan of every pickle the checkpoint holds; nothing is unpickled (`ckptinspect scan`)."""
-    from ckptinspect.capabilities.scan.scan import scan_path
+    from ckptinspect.commands.scan.scan import scan_path
 
     p, label = _path(path)
     _exists(p, label)
@@ -233,8 +233,8 @@ def estimate(*, params: float | None = None, description: GptDescription | None 
     `optimizer` "adam" or "sgd", `optim_sharding` "dp_reshardable" or "fully_reshardable"; bandwidths are decimal
     GB/s. Options that cannot describe a Megatron job raise `UsageError` (the CLI's exit 2).
     """
-    from ckptinspect.capabilities.estimate import Bandwidths, Optimizer, OptimSharding, SaveFormat
-    from ckptinspect.capabilities.estimate.request import EstimateRequest, SaveArgs, TargetArgs, run
+    from ckptinspect.commands.estimate import Bandwidths, Optimizer, OptimSharding, SaveFormat
+    from ckptinspect.commands.estimate.request import EstimateRequest, SaveArgs, TargetArgs, run
     from ckptinspect.errors import UsageError
 
     if min(write_bw, aggregate_bw, d2h_bw) <= 0:

@@ -21,7 +21,7 @@ def access_failure(e: BaseException) -> bool:
     they have codes of their own (CK220-CK224), reported from the storage session."""
     if not isinstance(e, OSError) or e.errno not in ACCESS_ERRNOS:
         return False
-    from ckptinspect.storage.backend import StorageError
+    from ckptinspect.io.backend import StorageError
 
     return not isinstance(e, StorageError)
 

@@ -18,15 +18,15 @@ from ckptinspect.findings import Finding, Severity, Status, exceeds
 from ckptinspect.model import StrEnum
 
 if TYPE_CHECKING:
-    from ckptinspect.capabilities.audit.audit import AuditReport, IterationRow, Listing
-    from ckptinspect.capabilities.audit.summary import Summary
-    from ckptinspect.capabilities.coverage.coverage import CoverageReport
-    from ckptinspect.capabilities.diff.diff import DiffResult as _Diff
-    from ckptinspect.capabilities.estimate import Estimate
-    from ckptinspect.capabilities.manifest.manifest import WrittenManifest
-    from ckptinspect.checks.integrity_report import ManifestReport
-    from ckptinspect.capabilities.resume.model import ResumePrediction, Verdict
-    from ckptinspect.checks.safety_scan import ScanReport
+    from ckptinspect.commands.audit.audit import AuditReport, IterationRow, Listing
+    from ckptinspect.commands.audit.summary import Summary
+    from ckptinspect.commands.coverage.coverage import CoverageReport
+    from ckptinspect.commands.diff.diff import DiffResult as _Diff
+    from ckptinspect.commands.estimate import Estimate
+    from ckptinspect.commands.manifest.manifest import WrittenManifest
+    from ckptinspect.services.integrity_report import ManifestReport
+    from ckptinspect.commands.resume.model import ResumePrediction, Verdict
+    from ckptinspect.services.safety_scan import ScanReport
     from ckptinspect.formats.sniff import SniffReport, SniffState
     from ckptinspect.model import Checkpoint, Format, Kind
 
@@ -49,7 +49,7 @@ def fail_severity(fail_on: FailOn) -> Severity | None:
 
 def _is_file(label: str) -> bool:
     """Whether the PATH a result is about is one file (SARIF locations are then relative to its dir)."""
-    from ckptinspect.storage import location
+    from ckptinspect.io import location
 
     try:
         return location(label).is_file()
@@ -303,7 +303,7 @@ class ResumeResult(_Result):
 
     def exit_code(self, fail_on: FailOn = "error") -> int:
         """1 when the resume fails (0 with `fail_on="never"`), as `ckptinspect resume`."""
-        from ckptinspect.capabilities.resume.model import Verdict
+        from ckptinspect.commands.resume.model import Verdict
 
         fails = self.report.verdict is Verdict.FAILS
         return EXIT_FINDINGS if fails and fail_severity(fail_on) is not None else EXIT_OK

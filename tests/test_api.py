@@ -61,7 +61,7 @@ def test_release_gate_with_top_level_names_only(tmp_path: Path) -> None:
 
 def test_import_is_cheap_and_torch_free() -> None:
     code = ("import sys, ckptinspect; heavy = [m for m in ('torch', 'numpy', 'pandas', 'rich', 'typer', "
-            "'ckptinspect.capabilities', 'ckptinspect.formats') if m in sys.modules]; print(heavy)")
+            "'ckptinspect.commands', 'ckptinspect.formats') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 

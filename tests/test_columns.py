@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ckptinspect.capabilities.audit.summary import summarize
+from ckptinspect.commands.audit.summary import summarize
 from ckptinspect.checks import CheckContext
 from ckptinspect.checks import coverage, storage
 from ckptinspect.formats import _files, dcp_stream, read_checkpoint
@@ -107,7 +107,7 @@ def test_random_chunkings_same_coverage_findings(seed: int) -> None:
 
 @pytest.mark.skipif(missing_source("torch_dist") is not None, reason="sample absent")
 def test_metadata_read_once_by_sniff_and_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ckptinspect.capabilities.audit.audit import audit
+    from ckptinspect.commands.audit.audit import audit
     from corpus import copy_source
 
     ckpt = copy_source(Ctx(tmp_path, tmp_path / "m"), "dcp") / "step-10"

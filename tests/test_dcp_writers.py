@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.capabilities.audit.audit import AuditOptions, audit
+from ckptinspect.commands.audit.audit import AuditOptions, audit
 from ckptinspect.findings import Status
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Format

@@ -1,4 +1,4 @@
-"""Tests of `ckptinspect.capabilities.diff.diff`, `ckptinspect.capabilities.diff.values` and `ckptinspect.render.diff_text` on real checkpoints.
+"""Tests of `ckptinspect.commands.diff.diff`, `ckptinspect.commands.diff.values` and `ckptinspect.render.diff_text` on real checkpoints.
 
 Sources: the Megatron-Core 0.19.2 fixture (read-only; copied to `tmp_path` before any byte is flipped), the sample
 save dirs under `sample_ckpts/` (when present), small PyTorch DCP checkpoints written in-process by
@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ckptinspect.capabilities.diff.args import BLOCKING_ARGS, Category, categorize, diff_args
-from ckptinspect.capabilities.diff.diff import DiffResult, What, diff_checkpoints, diff_paths
+from ckptinspect.commands.diff.args import BLOCKING_ARGS, Category, categorize, diff_args
+from ckptinspect.commands.diff.diff import DiffResult, What, diff_checkpoints, diff_paths
 from ckptinspect.errors import UsageError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats._files import read_item_archive
 from ckptinspect.model import Checkpoint, Tensor
-from ckptinspect.capabilities.diff import values
+from ckptinspect.commands.diff import values
 from ckptinspect.render.diff_text import render_diff
 
 REPO = Path(__file__).resolve().parents[1]

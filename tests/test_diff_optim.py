@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
-from ckptinspect.capabilities.diff import reformulated as reform
-from ckptinspect.capabilities.diff.diff import diff_paths
-from ckptinspect.capabilities.diff.optim import OptimFormat, classify, formats, pair_aliases, summarise
-from ckptinspect.capabilities.diff.values import ChunkSource
+from ckptinspect.commands.diff import reformulated as reform
+from ckptinspect.commands.diff.diff import diff_paths
+from ckptinspect.commands.diff.optim import OptimFormat, classify, formats, pair_aliases, summarise
+from ckptinspect.commands.diff.values import ChunkSource
 from ckptinspect.cli.app import app
 from ckptinspect.formats import read_checkpoint
 

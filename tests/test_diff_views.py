@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-import ckptinspect.capabilities.diff.values as values_mod
-from ckptinspect.capabilities.diff.diff import DiffResult, diff_paths
+import ckptinspect.commands.diff.values as values_mod
+from ckptinspect.commands.diff.diff import DiffResult, diff_paths
 
 REPO = Path(__file__).resolve().parents[1]
 LEGACY = REPO / "sample_ckpts" / "legacy"

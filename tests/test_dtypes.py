@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ckptinspect.capabilities.audit.audit import AuditOptions, audit
+from ckptinspect.commands.audit.audit import AuditOptions, audit
 from ckptinspect.findings import Status
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import DTYPE_SIZES, dtype_size

@@ -18,12 +18,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
-from ckptinspect.capabilities.estimate.buckets import BufferParam, rank_slices
-from ckptinspect.capabilities.estimate.describe import GptDescription, model_from_description
-from ckptinspect.capabilities.estimate.from_ckpt import costs_from, model_from, options_from, target_from
-from ckptinspect.capabilities.estimate.items import torch_dist_items
-from ckptinspect.capabilities.estimate.result import estimate_model
-from ckptinspect.capabilities.estimate.volumes import place
+from ckptinspect.commands.estimate.buckets import BufferParam, rank_slices
+from ckptinspect.commands.estimate.describe import GptDescription, model_from_description
+from ckptinspect.commands.estimate.from_ckpt import costs_from, model_from, options_from, target_from
+from ckptinspect.commands.estimate.items import torch_dist_items
+from ckptinspect.commands.estimate.result import estimate_model
+from ckptinspect.commands.estimate.volumes import place
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.formats.sniff import sniff

@@ -8,12 +8,12 @@ from collections import Counter
 
 import pytest
 
-from ckptinspect.capabilities.estimate import SaveFormat, SaveOptions, Target, estimate_model
-from ckptinspect.capabilities.estimate.describe import GptDescription, model_from_description, padded_vocab
-from ckptinspect.capabilities.estimate.items import copies, torch_dist_items
-from ckptinspect.capabilities.estimate.ranks import dense_coords, dense_rank, dp_group, expert_rank, stage_of_layer
-from ckptinspect.capabilities.estimate.spec import TENSOR_ITEM_OVERHEAD, ObjectCosts
-from ckptinspect.capabilities.estimate.volumes import place
+from ckptinspect.commands.estimate import SaveFormat, SaveOptions, Target, estimate_model
+from ckptinspect.commands.estimate.describe import GptDescription, model_from_description, padded_vocab
+from ckptinspect.commands.estimate.items import copies, torch_dist_items
+from ckptinspect.commands.estimate.ranks import dense_coords, dense_rank, dp_group, expert_rank, stage_of_layer
+from ckptinspect.commands.estimate.spec import TENSOR_ITEM_OVERHEAD, ObjectCosts
+from ckptinspect.commands.estimate.volumes import place
 
 MOE = GptDescription(layers=4, hidden=64, heads=4, vocab=1000, ffn_hidden=256, experts=8, moe_ffn_hidden=128,
                      swiglu=True, layernorm=False, bias=False)
@@ -113,7 +113,7 @@ def test_legacy_writes_replicated_layernorms_in_every_tp_file() -> None:
 
 
 def test_sgd_and_fp32_without_distributed_optimizer_have_no_master() -> None:
-    from ckptinspect.capabilities.estimate import Optimizer, estimate_params
+    from ckptinspect.commands.estimate import Optimizer, estimate_params
 
     t = Target(tp=1, pp=1, dp=2)
     e = estimate_params(1000, "float32", t, SaveOptions(distributed_optimizer=False, optimizer=Optimizer.SGD))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ckptinspect.capabilities.audit.audit import audit
+from ckptinspect.commands.audit.audit import audit
 from ckptinspect.cli.app import app
 from ckptinspect.formats import read_checkpoint
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.capabilities.resume import Component, Outcome, ResumeTarget, predict_resume
+from ckptinspect.commands.resume import Component, Outcome, ResumeTarget, predict_resume
 from ckptinspect.formats import read_checkpoint
 
 pytest.importorskip("megatron.core", reason="megatron-core (test extra) not installed")
@@ -101,7 +101,7 @@ def test_resume_prediction_matches_megatron_load(sample: str, topo: tuple[int, i
 
 def test_every_sample_audited_complete_loads_at_its_own_topology() -> None:
     """Every sample the same-topology pairs cover is `complete` for ckptinspect; its weights load for Megatron."""
-    from ckptinspect.capabilities.audit.audit import audit
+    from ckptinspect.commands.audit.audit import audit
 
     same = {s for s, topo, _ in PAIRS if topo == (2, 1, 2) and s != "mcore_0_15_3_zarr"}  # 0.16 cannot load zarr
     for sample in same:

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ckptinspect.capabilities.audit.audit import audit
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.audit.audit import audit
+from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.checks.coverage import tensor_coverage
 from ckptinspect.cli.app import app
 from ckptinspect.findings import Status
@@ -284,7 +284,7 @@ def test_info_csv_neutralises_formulas(ckpt: Path, tmp_path: Path) -> None:
 
 
 def test_plain_audit_does_not_hash_a_huge_listed_file(ckpt: Path) -> None:
-    from ckptinspect.capabilities.manifest.manifest import write_manifest
+    from ckptinspect.commands.manifest.manifest import write_manifest
 
     write_manifest(ckpt)
     huge = ckpt / "huge.bin"
@@ -302,7 +302,7 @@ def test_plain_audit_does_not_hash_a_huge_listed_file(ckpt: Path) -> None:
     data = bytearray(flipped.read_bytes())
     data[-100] ^= 1
     flipped.write_bytes(bytes(data))
-    from ckptinspect.capabilities.audit.audit import AuditOptions
+    from ckptinspect.commands.audit.audit import AuditOptions
 
     assert "CK401" not in {f.code for f in audit(ckpt).findings}
     assert "CK401" in {f.code for f in audit(ckpt, AuditOptions(hash=True)).findings}

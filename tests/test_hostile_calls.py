@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from ckptinspect.capabilities.audit.audit import audit
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.audit.audit import audit
+from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.findings import Status
 from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
 from ckptinspect.pickling.callables import PLAIN_CLASSES

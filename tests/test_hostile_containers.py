@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ckptinspect.capabilities.audit.audit import audit
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.audit.audit import audit
+from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.findings import Finding, Status
 from fuzz_hostile_ops import op_tar_container, op_torchscript_member
 from hostile_samples import (payload, relay_item, run_real_loaders, torch_save_bytes, torch_tar_bytes,

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.capabilities.audit.audit import audit
+from ckptinspect.commands.audit.audit import audit
 from ckptinspect.findings import Status
 from ckptinspect.pickling.unpickle import PickleReport, load_pickle
 from ckptinspect.pickling.torch_archive import read_torch_file
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.scan.scan import scan_path
 from hostile_samples import (payload, relay_item, run_real_loaders, torch_save_bytes, uint8_tensor_of, write_zip,
                              zip_entries)
 

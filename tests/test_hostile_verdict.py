@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.capabilities.audit.audit import audit
+from ckptinspect.commands.audit.audit import audit
 from ckptinspect.findings import Status
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.scan.scan import scan_path
 from hostile_samples import PAYLOADS, payload, run_real_loaders, two_directories, write_zip, zip_entries
 
 REPO = Path(__file__).resolve().parents[1]

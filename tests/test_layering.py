@@ -1,4 +1,4 @@
-"""The one-way import rule: model → formats → checks → capabilities → render → api → cli.
+"""The one-way import rule: model → formats → checks → commands → render → api → cli.
 
 Every module of the package belongs to one layer; a module may import from its own layer and the layers below it,
 never from a layer above. Imports are read with `ast` from the source — module-level, inside functions (lazy imports)
@@ -18,17 +18,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ckptinspect"
 # The first component below `ckptinspect.` → layer (higher imports lower; equal is fine).
 LAYERS: dict[str, int] = {
     # model: the neutral model, findings, errors, and the low-level homes every reader uses
-    "_version": 0, "errors": 0, "findings": 0, "model": 0, "progress": 0, "chunk_table": 0, "safeio": 0,
-    "storage": 0, "pickling": 0,
+    "_version": 0, "errors": 0, "findings": 0, "model": 0, "progress": 0, "io": 0, "pickling": 0,
     "formats": 1,
-    "checks": 2,
-    "capabilities": 3,
+    "checks": 2, "services": 2,
+    "commands": 3,
     "render": 4,
     # the public API: one function per command and its frozen results (which render themselves)
     "api": 5, "results": 5, "pytest_plugin": 5, "__init__": 5,
     "cli": 6, "__main__": 6,
 }
-LAYER_NAMES = {0: "model", 1: "formats", 2: "checks", 3: "capabilities", 4: "render", 5: "api", 6: "cli"}
+LAYER_NAMES = {0: "model", 1: "formats", 2: "checks", 3: "commands", 4: "render", 5: "api", 6: "cli"}
 
 
 def _module_name(path: Path) -> str:
@@ -103,12 +102,12 @@ def test_imports_go_one_way() -> None:
 
 
 @pytest.mark.parametrize("module, source", [
-    ("ckptinspect.checks.integrity", "from ckptinspect.capabilities.manifest.manifest import write_manifest\n"),
+    ("ckptinspect.checks.integrity", "from ckptinspect.commands.manifest.manifest import write_manifest\n"),
     ("ckptinspect.formats.sniff", "def f():\n    from ckptinspect.checks import registry\n"),
     ("ckptinspect.model", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ckptinspect.render.text\n"),
     ("ckptinspect.render.text", "from ckptinspect import __version__\n"),
-    ("ckptinspect.checks.safety", "from ..capabilities.scan import scan\n"),
-    ("ckptinspect.capabilities.audit.audit", "from ckptinspect import cli\n"),
+    ("ckptinspect.checks.safety", "from ..commands.scan import scan\n"),
+    ("ckptinspect.commands.audit.audit", "from ckptinspect import cli\n"),
     ("ckptinspect.formats.dcp", "import ckptinspect.api\n"),
 ])
 def test_a_back_import_is_caught(module: str, source: str) -> None:
@@ -118,5 +117,5 @@ def test_a_back_import_is_caught(module: str, source: str) -> None:
 
 def test_downward_imports_pass() -> None:
     src = ("from ckptinspect.model import Checkpoint\nfrom ckptinspect.formats import read_checkpoint\n"
-           "from ckptinspect.checks.integrity_verify import verify_manifest\nfrom ckptinspect import checks\nimport json\n")
-    assert back_imports(src, "ckptinspect.capabilities.manifest.manifest") == []
+           "from ckptinspect.services.integrity_verify import verify_manifest\nfrom ckptinspect import checks\nimport json\n")
+    assert back_imports(src, "ckptinspect.commands.manifest.manifest") == []

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.capabilities.audit.audit import audit
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.audit.audit import audit
+from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.findings import Status
 from ckptinspect.formats import read_checkpoint
 from hostile_samples import payload, run_real_loaders

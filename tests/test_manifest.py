@@ -1,4 +1,4 @@
-"""Tests of `ckptinspect.checks.integrity_verify`, `ckptinspect.capabilities.manifest` and `ckptinspect.checks.integrity` on a real Megatron-Core 0.19.2 checkpoint.
+"""Tests of `ckptinspect.services.integrity_verify`, `ckptinspect.commands.manifest` and `ckptinspect.checks.integrity` on a real Megatron-Core 0.19.2 checkpoint.
 
 The fixture (written by megatron-core 0.19.2 with `--verify-integrity`) is copied to `tmp_path` for every negative
 case; the read-only original is only ever verified, and is checked to be byte-identical afterwards.
@@ -21,10 +21,10 @@ from ckptinspect.checks import CheckContext
 from ckptinspect.checks import integrity
 from ckptinspect.errors import ReadError, UsageError
 from ckptinspect.findings import CODES, Severity, Status
-from ckptinspect.capabilities.manifest.manifest import write_manifest
-from ckptinspect.capabilities.manifest.report import merge_reports
-from ckptinspect.checks.integrity_report import ManifestReport, sizes_from_report
-from ckptinspect.checks.integrity_verify import EMPTY_SHA256, manifest_is_stale, shard_of, verify_manifest
+from ckptinspect.commands.manifest.manifest import write_manifest
+from ckptinspect.commands.manifest.report import merge_reports
+from ckptinspect.services.integrity_report import ManifestReport, sizes_from_report
+from ckptinspect.services.integrity_verify import EMPTY_SHA256, manifest_is_stale, shard_of, verify_manifest
 from ckptinspect.model import Checkpoint, Format
 
 FIXTURE = Path(__file__).resolve().parents[1] / "sample_ckpts" / "mcore_0_19_2" / "iter_0000400"

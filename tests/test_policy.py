@@ -30,8 +30,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptinspect.capabilities.audit.audit import audit
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.audit.audit import audit
+from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.findings import Status
 from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
 from ckptinspect.pickling.allowlist import GlobalClass

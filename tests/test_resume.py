@@ -22,7 +22,7 @@ from ckptinspect.errors import UsageError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Checkpoint, Format
 from ckptinspect.render.resume_text import render_resume
-from ckptinspect.capabilities.resume import (
+from ckptinspect.commands.resume import (
     RULES, Component, ComponentPrediction, Outcome, ResumePrediction, ResumeTarget, Verdict, predict_resume,
     verdict_of,
 )
@@ -416,7 +416,7 @@ def test_render_with_explain_shows_the_rules_and_keeps_brackets() -> None:
 
 def test_prediction_does_not_import_torch() -> None:
     code = ("import sys; from pathlib import Path; from ckptinspect.formats import read_checkpoint; "
-            "from ckptinspect.capabilities.resume import predict_resume, ResumeTarget; "
+            "from ckptinspect.commands.resume import predict_resume, ResumeTarget; "
             f"predict_resume(read_checkpoint(Path({str(FIXTURE_0192 / 'iter_0000400')!r}), 'x'), ResumeTarget(2, 2)); "
             "assert 'torch' not in sys.modules and 'rich' not in sys.modules")
     if not FIXTURE_0192.is_dir():

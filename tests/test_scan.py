@@ -1,4 +1,4 @@
-"""Tests of `ckptinspect.capabilities.scan.scan` (the pickle-safety scan) and the `scan` CLI command (`cli/scan_cmd.py`).
+"""Tests of `ckptinspect.commands.scan.scan` (the pickle-safety scan) and the `scan` CLI command (`cli/scan_cmd.py`).
 
 Positive: every real checkpoint (megatron-core 0.16.1 torch_dist / legacy, torch DCP, the megatron-core 0.19.2
 fixture) scans `complete` with every pickle it holds counted — `.metadata`, `common.pt`, every stored item inside
@@ -30,8 +30,8 @@ from typer.testing import CliRunner
 from ckptinspect.cli.scan_cmd import register
 from ckptinspect.findings import Status
 from ckptinspect.formats.dcp_metadata import read_dcp_metadata
-from ckptinspect.capabilities.scan.scan import scan_path
-from ckptinspect.checks.safety_scan import ScanReport, scan_stored_items, stored_items
+from ckptinspect.commands.scan.scan import scan_path
+from ckptinspect.services.safety_scan import ScanReport, scan_stored_items, stored_items
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = Path(os.environ.get("CKPTINSPECT_SAMPLES", REPO / "sample_ckpts"))

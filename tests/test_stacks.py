@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.capabilities.diff.diff import diff_checkpoints
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.diff.diff import diff_checkpoints
+from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.errors import ReadError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.run_config import args_from_run_config, load_run_config
@@ -119,7 +119,7 @@ def test_nvrx_every_rank_file_is_read_and_scanned() -> None:
 
 
 def test_stack_audits_leave_torch_unimported() -> None:
-    code = ("import sys; from pathlib import Path; from ckptinspect.capabilities.audit.audit import audit\n"
+    code = ("import sys; from pathlib import Path; from ckptinspect.commands.audit.audit import audit\n"
             f"for p in ('bridge', 'nemo2/checkpoints', 'nvrx_local', 'torchtitan', 'megatron_fsdp'):\n"
             f"    assert audit(Path({str(SAMPLES)!r}) / p).status.value == 'complete', p\n"
             "assert 'torch' not in sys.modules and 'yaml' in sys.modules\n")
@@ -133,7 +133,7 @@ def _nemo_copy(tmp_path: Path) -> Path:
 
 
 def test_nemo2_pick_prefers_last_copy_and_skips_unfinished(tmp_path: Path) -> None:
-    from ckptinspect.capabilities.audit.audit import audit
+    from ckptinspect.commands.audit.audit import audit
     from ckptinspect.formats.savedir import read_save_dir
 
     root = _nemo_copy(tmp_path)
@@ -158,7 +158,7 @@ def test_resume_refuses_nvrx_local_with_a_reason() -> None:
 
 
 def test_nvrx_session_dirs_are_found_one_level_down(tmp_path: Path) -> None:
-    from ckptinspect.capabilities.audit.audit import audit
+    from ckptinspect.commands.audit.audit import audit
 
     shutil.copytree(SAMPLES / "nvrx_local", tmp_path / "myjob")  # {root}/{session_id}/{rank}/...
     r = audit(tmp_path)

@@ -17,9 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
-from ckptinspect.storage.objpath import coalesce
-from ckptinspect.storage.session import nest, parse_option
-from ckptinspect.storage.url import Scheme, split_url
+from ckptinspect.io.objpath import coalesce
+from ckptinspect.io.session import nest, parse_option
+from ckptinspect.io.url import Scheme, split_url
 from conftest import SAMPLES
 from s3_server import FaultProxy, S3Server, proxy, s3_server, upload  # noqa: F401 - the fixtures
 
@@ -80,10 +80,10 @@ def test_s3_backend_is_boto3_and_s3fs_where_boto3_is_missing(td2_url: str, s3_se
     and no boto3 keeps working through s3fs, with the same verdict, findings and requests."""
     import sys
 
-    from ckptinspect.storage import location
-    from ckptinspect.storage.boto3_backend import Boto3Backend
-    from ckptinspect.storage.fsspec_backend import FsspecBackend
-    from ckptinspect.storage.session import reset
+    from ckptinspect.io import location
+    from ckptinspect.io.boto3_backend import Boto3Backend
+    from ckptinspect.io.fsspec_backend import FsspecBackend
+    from ckptinspect.io.session import reset
 
     reset()
     assert isinstance(location(td2_url).store.backend, Boto3Backend)
@@ -206,7 +206,7 @@ def test_metadata_level_commands_read_only_metadata(td2_url: str) -> None:
 
 def test_every_listing_page_is_one_counted_request(td2_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """S3 is listed page by page: `requests` counts HTTP requests, not listing calls (2 entries a page here)."""
-    import ckptinspect.storage.boto3_backend as bb
+    import ckptinspect.io.boto3_backend as bb
 
     code, doc = audit_json(td2_url)
     monkeypatch.setattr(bb, "LIST_PAGE_KEYS", 2)
@@ -365,8 +365,8 @@ def test_scan_of_a_url_gives_the_local_verdict(name: str, s3_server: S3Server, t
 def test_a_second_pass_over_a_large_object_costs_no_second_transfer(s3_server: S3Server) -> None:  # noqa: F811
     """The pickle walk reads a large `.metadata`, then the unpickler reads it again: the reader keeps the blocks,
     so the object is transferred once, in a few growing blocks."""
-    from ckptinspect.storage import location
-    from ckptinspect.storage.session import reset
+    from ckptinspect.io import location
+    from ckptinspect.io.session import reset
 
     blob = os.urandom(20 << 20)
     s3_server.client.put_object(Bucket=s3_server.bucket, Key="big/.metadata", Body=blob)

@@ -104,8 +104,8 @@ def test_abfs_url_names_the_account(monkeypatch: pytest.MonkeyPatch) -> None:
     """``abfs://container@acct.dfs.core.windows.net`` names the account: the client is built for it without
     ``AZURE_STORAGE_ACCOUNT_NAME`` (as fsspec.open() does), and the container alone is the path root. A
     ``--storage-option account_name=`` still wins."""
-    from ckptinspect.storage.fsspec_backend import FsspecBackend
-    from ckptinspect.storage.url import Scheme
+    from ckptinspect.io.fsspec_backend import FsspecBackend
+    from ckptinspect.io.url import Scheme
 
     for k in AZURE_ENV_KEYS:
         monkeypatch.delenv(k, raising=False)
@@ -120,9 +120,9 @@ def test_blob_rewritten_after_the_listing_is_object_changed(scheme: str,
                                                             azurite_server: AzuriteServer) -> None:  # noqa: F811
     """Azure reads are conditional on the listed ETag, as S3's are: a blob rewritten with the same size between the
     listing and the read is `ObjectChanged` (CK220), never the new blob's bytes read as if they were the old."""
-    from ckptinspect.storage.backend import ObjectChanged
-    from ckptinspect.storage.session import reset
-    from ckptinspect.storage.url import location
+    from ckptinspect.io.backend import ObjectChanged
+    from ckptinspect.io.session import reset
+    from ckptinspect.io.url import location
 
     key = f"changed-{scheme}/blob.bin"
     azurite_server.fs.pipe_file(f"{azurite_server.container}/{key}", b"a" * 4096)

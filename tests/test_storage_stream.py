@@ -45,7 +45,7 @@ def results(doc: dict[str, Any]) -> tuple[str, list[tuple[str, str | None]], dic
 @pytest.fixture(scope="module")
 def ckpt(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
     """A dir of objects of a few MiB (several pieces each) and an empty one, its manifest written locally."""
-    from ckptinspect.capabilities.manifest.manifest import write_manifest
+    from ckptinspect.commands.manifest.manifest import write_manifest
 
     d = tmp_path_factory.mktemp("stream") / "ckpt"
     d.mkdir()
@@ -155,7 +155,7 @@ def test_an_object_rewritten_before_the_resume_is_not_hashed_as_a_mix(ckpt: Path
 
 _MEMORY = textwrap.dedent("""
     import hashlib, json, sys, tracemalloc
-    from ckptinspect.storage import location
+    from ckptinspect.io import location
     path = location(sys.argv[1])
     info = path.object_info()
     tracemalloc.start()

@@ -1,4 +1,4 @@
-"""Who wrote what (`capabilities/audit/summary.py`): the model / optimizer / rng / other split of a real save.
+"""Who wrote what (`commands/audit/summary.py`): the model / optimizer / rng / other split of a real save.
 
 The checkpoint is written the way torchtitan's `CheckpointManager` and a DCP user write one: `dcp.save` of a dict of
 Statefuls (torch's `get_state_dict` for the model and optimizer, a train state, and an `rng` Stateful holding the CPU
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ckptinspect.capabilities.audit.summary import component_of, summarize
+from ckptinspect.commands.audit.summary import component_of, summarize
 from ckptinspect.formats import read_checkpoint
 
 

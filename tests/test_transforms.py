@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptinspect.capabilities.audit.audit import AuditOptions, audit
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.audit.audit import AuditOptions, audit
+from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.errors import LimitExceeded
 from ckptinspect.findings import Status
 from hostile_samples import Reduce, run_real_loader, torch_save_bytes
@@ -187,8 +187,8 @@ _WITHOUT_ZSTD = """
 import json, sys
 sys.modules['zstandard'] = None  # the zstd extra not installed: `import zstandard` raises ImportError
 from pathlib import Path
-from ckptinspect.capabilities.audit.audit import AuditOptions, audit
-from ckptinspect.capabilities.scan.scan import scan_path
+from ckptinspect.commands.audit.audit import AuditOptions, audit
+from ckptinspect.commands.scan.scan import scan_path
 p = Path(sys.argv[1])
 out = {}
 for name, r in (("audit", audit(p)), ("deep", audit(p, AuditOptions(deep=True))), ("scan", scan_path(p, "s"))):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptinspect.chunk_table import ChunkTable
+from ckptinspect.model.chunk_table import ChunkTable
 
 I64 = np.int64
 

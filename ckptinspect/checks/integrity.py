@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
-from ckptinspect.checks.integrity_verify import verify_manifest
+from ckptinspect.services.integrity_verify import verify_manifest
 from ckptinspect.model import Checkpoint
-from ckptinspect.storage import location
+from ckptinspect.io import location
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:

@@ -3,7 +3,7 @@
 The readers already report what `.metadata`, `common.pt`, the common-state item and legacy `.pt` files reference
 (CK601 / CK602). This check walks the opcodes of every other stored item's pickles (`safety_scan.scan_stored_items`: no
 object is built, nothing is executed) and reports the same codes, plus CK603 / CK605 for pickles past the resource
-bounds (`checks/safety_containers.py` says which).
+bounds (`services/safety_containers.py` says which).
 A giant checkpoint holds millions of tensor archives: without `--deep` only the byte items (rng state, extra state,
 optimizer misc — where a hostile payload would hide) and the tensor items of TE `_extra_state` keys (decoded with
 `pickle.loads`) are walked, up to `MAX_ITEMS`; `--deep` and `scan` walk all.
@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from ckptinspect.checks import CheckContext
 from ckptinspect.findings import Finding
 from ckptinspect.formats.torch_dist import COMMON_STATE_KEY
-from ckptinspect.storage import location
+from ckptinspect.io import location
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.checks.safety_scan import scan_stored_items, stored_items
+from ckptinspect.services.safety_scan import scan_stored_items, stored_items
 from ckptinspect.pickling.candidates import EXTRA_STATE
 
 MAX_ITEMS = 20_000

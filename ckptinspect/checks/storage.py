@@ -1,5 +1,5 @@
 """Storage: every stored item lies in an existing file (CK201, CK202) that this user can open (CK209, through
-`safeio.probe_readable`), items do not overlap (CK203), no stale data files (CK204); with `--deep`, every item is a
+`io.local.probe_readable`), items do not overlap (CK203), no stale data files (CK204); with `--deep`, every item is a
 valid torch archive whose payload is prod(sizes) × dtype (CK205).
 
 The deep read is streamed item by item (one archive's central directory and `data.pkl` at a time: bounded memory),
@@ -22,9 +22,9 @@ from ckptinspect.findings import Finding
 from ckptinspect.checks.columns import chunk_tensor_ids
 from ckptinspect.formats._files import ItemFiles
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Undecodable, tensor_bound
-from ckptinspect.storage import location
+from ckptinspect.io import location
 from ckptinspect.model import Checkpoint, Format, ShardedBackend, StoredItem, dtype_size
-from ckptinspect.safeio import leaves_dir, probe_readable
+from ckptinspect.io.local import leaves_dir, probe_readable
 
 MAX_LISTED = 5
 
@@ -264,7 +264,7 @@ def _deep_one(files: ItemFiles, item: StoredItem, dtype: str | None, expected: i
         if item.transforms and (isinstance(e, (Undecodable, LimitExceeded))):
             return None  # the safety check, which decodes the same item, reports CK208 / CK603 once
         if e.code == UNREAD_CODE:
-            return None  # a file this user may not read: CK209 (noted by `safeio`), never "not a valid archive"
+            return None  # a file this user may not read: CK209 (noted by `io.local`), never "not a valid archive"
         return f"not a valid archive ({e})"
     if dtype is None:
         return None  # a byte item: a readable archive is all we can ask

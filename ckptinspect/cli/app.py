@@ -55,7 +55,7 @@ def _root(
     = None,
 ) -> None:
     """ckptinspect: is this checkpoint whole, and what will a resume restore?"""
-    from ckptinspect.storage.session import nest, parse_option, reset
+    from ckptinspect.io.session import nest, parse_option, reset
 
     try:
         reset(nest([parse_option(o) for o in storage_option or ()]))

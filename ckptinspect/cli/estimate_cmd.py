@@ -106,7 +106,7 @@ def estimate(  # noqa: PLR0913 - one option per knob of the arithmetic, as the i
 
     def body() -> int:
         from ckptinspect.api import estimate as do_estimate
-        from ckptinspect.capabilities.estimate.describe import GptDescription
+        from ckptinspect.commands.estimate.describe import GptDescription
         from ckptinspect.errors import UsageError
 
         only(output, (Output.TEXT, Output.JSON))

@@ -1,6 +1,6 @@
 """`ckptinspect scan PATH`: the pickle-safety scan command (`register(app)` adds it to the typer app).
 
-Thin shell over `ckptinspect.capabilities.scan.scan.scan_path`: parse options, scan, render (text / json / markdown /
+Thin shell over `ckptinspect.commands.scan.scan.scan_path`: parse options, scan, render (text / json / markdown /
 junit / sarif), exit code from `--fail-on`. The text and markdown renderings live here because they are this
 command's alone.
 """
@@ -28,7 +28,7 @@ from ckptinspect.cli.shell import (
     guarded,
     parse_location,
 )
-from ckptinspect.checks.safety_scan import ScanReport
+from ckptinspect.services.safety_scan import ScanReport
 
 MAX_ROWS = 100
 

@@ -63,7 +63,7 @@ ProgressOpt = Annotated[ProgressMode, typer.Option(
 
 def parse_location(text: str) -> Path:
     """A PATH argument: a local path, or a URL (s3:// gs:// az:// abfs:// msc:// file://) as an object path."""
-    from ckptinspect.storage import location
+    from ckptinspect.io import location
 
     try:
         return location(text)

@@ -8,7 +8,7 @@ The registry is the literal `READERS` table below. Every reader has the same con
 3. it reads metadata only: tensor bytes are never loaded, and nothing from the checkpoint is executed.
 
 `read_checkpoint` wraps every reader: a checkpoint dir that cannot be listed or entered is not sniffed at all, and
-what the reader could not open for access reasons (noted by `safeio`) becomes CK209 findings after it ran.
+what the reader could not open for access reasons (noted by `io.local`) becomes CK209 findings after it ran.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from ckptinspect.formats.sniff import CheckpointSniff, SniffState, sniff_checkpo
 from ckptinspect.formats.stacks import enrich, outer_layout
 from ckptinspect.formats.torch_dist import read_torch_dist
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.safeio import note_failed_open, probe_dir, unread_scope
-from ckptinspect.storage.findings import storage_findings, unread_findings
+from ckptinspect.io.local import note_failed_open, probe_dir, unread_scope
+from ckptinspect.io.findings import storage_findings, unread_findings
 
 Reader = Callable[[Path, str], Checkpoint]
 

@@ -12,11 +12,11 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, decode_item
 from ckptinspect.pickling.report import safety_findings
-from ckptinspect.safeio import file_size, note_unread, open_regular
+from ckptinspect.io.local import file_size, note_unread, open_regular
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_archive
 from ckptinspect.model import FileInfo, FileRole, StoredItem
-from ckptinspect.storage.objpath import ObjectPath
+from ckptinspect.io.objpath import ObjectPath
 
 _ROLES = {
     ".metadata": FileRole.METADATA,
@@ -57,7 +57,7 @@ def regular_size(path: Path) -> int | None:
 
 def list_files(ckpt_dir: Path, recursive: bool = False) -> tuple[FileInfo, ...]:
     """Regular files of a checkpoint dir (top level unless `recursive`), sorted by name. Never raises; a dir it
-    cannot list or enter is noted for CK209 (`safeio.note_unread`)."""
+    cannot list or enter is noted for CK209 (`io.local.note_unread`)."""
     if isinstance(ckpt_dir, ObjectPath):
         objects = ckpt_dir.walk_files(recursive)
         return tuple(sorted((FileInfo(rel, size, role_of(rel)) for rel, size in objects), key=lambda f: f.name))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckptinspect.chunk_table import ChunkTable
+from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.pickling.stream_eval import Sink
 from ckptinspect.model import StoredItem, Tensor
 

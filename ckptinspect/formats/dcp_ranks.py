@@ -33,7 +33,7 @@ from ckptinspect.formats.dcp_metadata import DcpMetadata
 from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.model import Chunk, ObjectItem, Tensor
 from ckptinspect.pickling.unpickle import PickleReport
-from ckptinspect.storage.objpath import ObjectPath
+from ckptinspect.io.objpath import ObjectPath
 
 RANK_METADATA = re.compile(r"^__(\d{1,9})\.metadata$")
 RANK_METADATA_TMP = re.compile(r"^__(\d{1,9})\.metadata\.tmp$")

@@ -19,7 +19,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ckptinspect.chunk_table import ChunkTable
+from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.errors import ReadError
 from ckptinspect.pickling.stream_eval import _UNSET, LOW_MEMO, TSM, CountList, Fallback, Inst, Sink
 from ckptinspect.pickling.stream_fast import install_fast_paths
@@ -35,7 +35,7 @@ from ckptinspect.formats.dcp_metadata import (
     read_dcp_metadata,
 )
 from ckptinspect.model import ObjectItem
-from ckptinspect.safeio import file_size, open_regular
+from ckptinspect.io.local import file_size, open_regular
 
 # The streaming reader holds no copy of the file: its bound is on what it walks, not what it keeps.
 MAX_STREAM_BYTES = 64 << 30

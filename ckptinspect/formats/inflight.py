@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptinspect.safeio import read_small
+from ckptinspect.io.local import read_small
 
 GRACE_SECONDS = 120.0  # default: far above a marker's write (microseconds), above NFS attribute caching (≤60 s)
 GRACE_ENV = "CKPTINSPECT_WRITE_GRACE_SECONDS"

@@ -25,7 +25,7 @@ from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_file
 from ckptinspect.formats.args_values import arg_int
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size, frozen
-from ckptinspect.safeio import note_unread
+from ckptinspect.io.local import note_unread
 
 MODEL_FILE = "model_optim_rng.pt"
 DISTOPT_FILE = "distrib_optim.pt"

@@ -25,7 +25,7 @@ from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, FileInfo, FileRole, Format
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.torch_archive import read_torch_file
-from ckptinspect.safeio import note_unread
+from ckptinspect.io.local import note_unread
 
 LOCAL_FILE = re.compile(r"^iter_(\d+)_(\d+)_local(\.dirty)?\.pt$")
 VIRTUAL = re.compile(r"^iter_(\d+)$")

@@ -11,8 +11,8 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats.savedir import SaveDir, join_label, read_save_dir, tracked_missing, tracker_unparseable
 from ckptinspect.formats.sniff import path_kind
 from ckptinspect.model import Kind
-from ckptinspect.safeio import note_failed_open, require_path
-from ckptinspect.storage.findings import unread_findings
+from ckptinspect.io.local import note_failed_open, require_path
+from ckptinspect.io.findings import unread_findings
 
 
 def _why(save: SaveDir, label: str) -> tuple[Finding, ...]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.errors import ReadError
-from ckptinspect.safeio import read_small
+from ckptinspect.io.local import read_small
 
 RUN_CONFIG = "run_config.yaml"
 MAX_RUN_CONFIG_BYTES = 8 << 20

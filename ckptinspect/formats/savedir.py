@@ -14,7 +14,7 @@ from pathlib import Path
 from ckptinspect.errors import UNREAD_CODE, access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.model import Stack, StrEnum
-from ckptinspect.safeio import open_regular
+from ckptinspect.io.local import open_regular
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MAX_TRACKER_BYTES = 4096

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
-from ckptinspect.safeio import noted, probe_dir, read_small
+from ckptinspect.io.local import noted, probe_dir, read_small
 from ckptinspect.formats.dcp_hf import hf_layout
 from ckptinspect.formats.dcp_ranks import missing_message, rank_files
 from ckptinspect.formats.dcp_stream import read_metadata_file

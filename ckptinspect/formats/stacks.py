@@ -29,7 +29,7 @@ from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Format, Stack
 from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.plain import to_plain
-from ckptinspect.safeio import note_unread, open_regular
+from ckptinspect.io.local import note_unread, open_regular
 from ckptinspect.pickling.torch_archive import read_torch_file
 
 TRAIN_STATE = "train_state.pt"

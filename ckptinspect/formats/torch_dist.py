@@ -18,7 +18,7 @@ from typing import Any
 from ckptinspect.errors import UNREAD_CODE, ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings, read_item_archive
-from ckptinspect.safeio import noted, read_small
+from ckptinspect.io.local import noted, read_small
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import read_torch_file
@@ -63,7 +63,7 @@ def read_torch_dist(path: Path, label: str) -> Checkpoint:
     md = d.metadata
     config, why = read_metadata_json(path)
     if why is not None and (path / METADATA_JSON).exists() and noted(path / METADATA_JSON) is None:
-        # (a metadata.json this user may not read is CK209 from `safeio`'s note, not a broken one)
+        # (a metadata.json this user may not read is CK209 from `io.local`'s note, not a broken one)
         findings.append(Finding("CK104", f"metadata.json {why}", METADATA_JSON, label))
 
     zarr = config is not None and config.get("sharded_backend") == "zarr"

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
-from ckptinspect.safeio import FileSlice
+from ckptinspect.io.local import FileSlice
 
 ZSTD = "stream.zstd"
 MAX_DECODED_BYTES = 1 << 30  # a byte item decoded (`.metadata` does not record its size); a tensor item: `tensor_bound`

@@ -25,7 +25,7 @@ from ckptinspect.errors import read_code
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import regular_size
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
-from ckptinspect.safeio import probe_dir, read_small
+from ckptinspect.io.local import probe_dir, read_small
 
 ZARRAY = ".zarray"
 _MAX_CHUNKS = 1_000_000

@@ -17,7 +17,7 @@
 Nested pickles that would run nothing are not listed (tensor bytes that happen to look like a pickle are data).
 An archive with a `constants.pkl` record is a TorchScript archive: `torch.load` hands it to `torch.jit.load`, which runs
 its code whatever its pickles say; it is listed as a `Walked` of its own (`torchscript`), so `audit` (`torch_archive`)
-and `scan` (`checks/safety_containers`) both report it.
+and `scan` (`services/safety_containers`) both report it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one builder of the pickle-safety findings (CK601 dangerous, CK602 outside the allowlist, CK604 called).
 
 Both ways a pickle is judged end here: a reader's `PickleReport` (what the safe unpickler and the walk merged into it
-saw: `formats/`) and a scan's `PickleWalk` (`checks/safety_containers.py`). Both hold the same two facts, the
+saw: `formats/`) and a scan's `PickleWalk` (`services/safety_containers.py`). Both hold the same two facts, the
 verdict of every global (`policy.resolve`) and the globals called (with where), so the findings are built once.
 """
 

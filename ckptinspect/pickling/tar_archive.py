@@ -26,7 +26,7 @@ from ckptinspect.pickling.engine import walk_segment
 from ckptinspect.pickling.unpickle import PREWALK_MAX_BYTES, PickleReport, load_pickle
 from ckptinspect.pickling.walk import MAX_OPS, MAX_STACK, PickleWalk, is_pickle_start, walk_pickle, walk_stream
 from ckptinspect.pickling.walkstate import Source, Stop
-from ckptinspect.safeio import FileSlice
+from ckptinspect.io.local import FileSlice
 
 MEMBERS = ("storages", "tensors", "pickle")  # what `legacy_load` reads, in its order
 MAX_TAR_MEMBERS = 10_000  # member headers read (torch's tar files have four members)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
-from ckptinspect.safeio import FileSlice, open_regular
+from ckptinspect.io.local import FileSlice, open_regular
 from ckptinspect.pickling.candidates import Walked, archive_walks
 from ckptinspect.pickling.legacy_format import read_legacy_pickles
 from ckptinspect.pickling.tar_archive import tar_walks

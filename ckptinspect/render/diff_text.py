@@ -11,8 +11,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ckptinspect.capabilities.diff.args import ArgDiff, Which
-from ckptinspect.capabilities.diff.diff import Change, DiffResult, KeyDiff, What
+from ckptinspect.commands.diff.args import ArgDiff, Which
+from ckptinspect.commands.diff.diff import Change, DiffResult, KeyDiff, What
 
 
 def render_diff(r: DiffResult, max_rows: int = 200) -> RenderableType:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ckptinspect.capabilities.estimate import Estimate, Volume
+from ckptinspect.commands.estimate import Estimate, Volume
 from ckptinspect.render.estimate_text import decimal_bytes
 from ckptinspect.render.svg import HEIGHT, MARGIN, WIDTH
 

@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ckptinspect.capabilities.estimate import Estimate, Volume
+from ckptinspect.commands.estimate import Estimate, Volume
 
 COMPONENT_LABELS = {"model": "model weights", "fp32_master": "fp32 master params",
                     "optimizer_moments": "optimizer moments", "rng_args_scheduler": "rng / args / scheduler / rerun"}

@@ -12,9 +12,9 @@ from ckptinspect._version import __version__
 from ckptinspect.findings import Finding
 
 if TYPE_CHECKING:  # type-only: `info` / `sniff` must not import the checks
-    from ckptinspect.capabilities.audit.audit import AuditReport, Listing
+    from ckptinspect.commands.audit.audit import AuditReport, Listing
     from ckptinspect.model import Checkpoint
-    from ckptinspect.capabilities.audit.summary import Summary
+    from ckptinspect.commands.audit.summary import Summary
 
 SCHEMA_VERSION = 1
 
@@ -23,7 +23,7 @@ def envelope(command: str, body: Mapping[str, Any]) -> dict[str, Any]:
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "ckptinspect", "version": __version__,
                            "command": command}
     doc.update(body)
-    from ckptinspect.storage.session import session
+    from ckptinspect.io.session import session
 
     if session().used:  # a URL was read: what it cost (requests, bytes received, retries)
         doc["storage"] = session().stats.snapshot().to_dict()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckptinspect.capabilities.audit.audit import AuditReport
+from ckptinspect.commands.audit.audit import AuditReport
 from ckptinspect.findings import CODES
 from ckptinspect.render.text import human_bytes, verdict_counts
 

@@ -11,7 +11,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ckptinspect.capabilities.resume import SOURCES, Outcome, ResumePrediction, Verdict
+from ckptinspect.commands.resume import SOURCES, Outcome, ResumePrediction, Verdict
 
 OUTCOME_STYLE = {
     Outcome.LOADED: "green", Outcome.RESHARDED: "green", Outcome.SKIPPED: "cyan", Outcome.DROPPED: "yellow",

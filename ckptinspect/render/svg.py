@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ckptinspect.capabilities.coverage.picture import GAP, OVERLAP, ChunkPicture
+from ckptinspect.commands.coverage.picture import GAP, OVERLAP, ChunkPicture
 
 WIDTH, HEIGHT, MARGIN = 720, 480, 40
 _PALETTE = ("#8ecae6", "#219ebc", "#90be6d", "#43aa8b", "#f9c74f", "#f8961e", "#577590", "#b5838d")

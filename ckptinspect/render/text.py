@@ -14,14 +14,14 @@ from rich.text import Text
 from typing import TYPE_CHECKING
 
 from ckptinspect.findings import CODES, Finding, Severity, Status
-from ckptinspect.capabilities.audit.summary import COMPONENTS
+from ckptinspect.commands.audit.summary import COMPONENTS
 
 if TYPE_CHECKING:  # type-only: `sniff` must not pay for importing the readers and checks (≤0.3 s budget)
-    from ckptinspect.capabilities.audit.audit import AuditReport, Listing
+    from ckptinspect.commands.audit.audit import AuditReport, Listing
     from ckptinspect.checks.coverage import TensorCoverage
     from ckptinspect.formats.sniff import SniffReport
     from ckptinspect.model import Checkpoint
-    from ckptinspect.capabilities.audit.summary import Summary
+    from ckptinspect.commands.audit.summary import Summary
 
 STATUS_STYLE = {
     Status.COMPLETE: "bold green", Status.INCOMPLETE: "bold yellow", Status.CORRUPT: "bold red",
@@ -210,7 +210,7 @@ def render_coverage_table(covs: Iterable[TensorCoverage]) -> RenderableType:
 
 def render_picture(p: Any) -> RenderableType:
     """The chunk grid of one tensor: chunk indices, '·' gaps (red), 'X' overlaps (magenta)."""
-    from ckptinspect.capabilities.coverage.picture import GAP, OVERLAP
+    from ckptinspect.commands.coverage.picture import GAP, OVERLAP
 
     axes = ", ".join(f"axis {a}" for a in p.axes) or "scalar"
     caption = f"shape {tuple(p.shape)}, rows × columns = {axes}; · gap, X overlap, n = chunk index" + (

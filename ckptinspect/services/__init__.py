@@ -1,0 +1,8 @@
+"""Engines shared by the audit's checks and by the commands, below both: they read files, never judge a checkpoint.
+
+- `integrity_hashing.py`: which files a manifest covers and hashing them (threads, progress).
+- `integrity_verify.py`: verifying an `integrity.json` (the audit's integrity check, `manifest verify`).
+- `integrity_report.py`: what a verification returns (`FileResult`, `ManifestReport`) and its JSON form.
+- `safety_scan.py`: the pickle-safety scan of one file (`.metadata`, `.pt`-like, `.distcp` with its stored items).
+- `safety_containers.py`: walking one container (zip member, tar member, raw pickle) and recording what it holds.
+"""
