@@ -7,6 +7,7 @@ go on (caught by the caller and turned into a finding).
 
 from __future__ import annotations
 
+import enum
 import errno
 
 # What a failed read of a local file says when the bytes were never seen: no permission (EACCES, EPERM: a mode, an
@@ -21,8 +22,6 @@ def access_failure(e: BaseException) -> bool:
     they have codes of their own (CK220-CK224), reported from the storage session."""
     if not isinstance(e, OSError) or e.errno not in ACCESS_ERRNOS:
         return False
-    from ckptinspect.io.backend import StorageError
-
     return not isinstance(e, StorageError)
 
 
@@ -86,3 +85,68 @@ class BrokenSaveDir(CkptInspectError):
 
 class LimitExceeded(ReadError):
     """Input claimed more than the reader's resource bounds allow (huge string, deep nesting, zip bomb)."""
+
+
+# Object-storage errors (raised by `io/` backends and the storage session). They derive from `OSError`, so the
+# readers turn a failed read into the same findings as a failed local read.
+
+
+class Fault(enum.Enum):
+    """What an exception from a backend client means."""
+
+    TRANSIENT = "transient"  # throttling, 5xx, timeouts, dropped connections: retried with backoff
+    MISSING = "missing"  # 404 / no such key or bucket
+    DENIED = "denied"  # 401 / 403 / no credentials
+    CHANGED = "changed"  # 412: the conditional read saw another ETag
+    UNREACHABLE = "unreachable"  # DNS failure, connection refused, bad endpoint
+    OTHER = "other"
+
+
+class StorageError(OSError):
+    """A storage operation failed for good (after retries when the fault was transient)."""
+
+    fault = Fault.OTHER
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(_ERRNO[self.fault], message)
+        self.key = key
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class ObjectMissing(StorageError):
+    fault = Fault.MISSING
+
+
+class AccessDenied(StorageError):
+    fault = Fault.DENIED
+
+
+class ObjectChanged(StorageError):
+    fault = Fault.CHANGED
+
+
+class Unreachable(StorageError):
+    fault = Fault.UNREACHABLE
+
+
+class RetriesExhausted(StorageError):
+    fault = Fault.TRANSIENT
+
+
+class ObjectTruncated(StorageError):
+    """The server sent fewer bytes than the listing's size promised."""
+
+
+_ERRNO = {Fault.MISSING: errno.ENOENT, Fault.DENIED: errno.EACCES, Fault.CHANGED: errno.ESTALE,
+          Fault.UNREACHABLE: errno.EHOSTUNREACH, Fault.TRANSIENT: errno.ETIMEDOUT, Fault.OTHER: errno.EIO}
+
+ERRORS: dict[Fault, type[StorageError]] = {Fault.MISSING: ObjectMissing, Fault.DENIED: AccessDenied,
+                                           Fault.CHANGED: ObjectChanged, Fault.UNREACHABLE: Unreachable,
+                                           Fault.TRANSIENT: RetriesExhausted, Fault.OTHER: StorageError}
+
+
+class StorageUnavailable(UsageError):
+    """The location cannot be reached or authenticated at all (exit 2): wrong endpoint, no credentials, 403 on
+    the first listing, no such bucket."""

@@ -1,4 +1,4 @@
-"""The one-way import rule: model → formats → checks → commands → render → api → cli.
+"""The one-way import rule: core → io → pickling → formats → services → checks → commands → render → api → cli.
 
 Every module of the package belongs to one layer; a module may import from its own layer and the layers below it,
 never from a layer above. Imports are read with `ast` from the source — module-level, inside functions (lazy imports)
@@ -17,17 +17,21 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ckptinspect"
 
 # The first component below `ckptinspect.` → layer (higher imports lower; equal is fine).
 LAYERS: dict[str, int] = {
-    # model: the neutral model, findings, errors, and the low-level homes every reader uses
-    "_version": 0, "errors": 0, "findings": 0, "model": 0, "progress": 0, "io": 0, "pickling": 0,
-    "formats": 1,
-    "checks": 2, "services": 2,
-    "commands": 3,
-    "render": 4,
+    # core: finding codes, the exception tree, the neutral model; import nothing of the package but each other
+    "_version": 0, "errors": 0, "findings": 0, "model": 0, "progress": 0,
+    "io": 1,  # every byte read: safe local opens, object storage (knows nothing of pickles or formats)
+    "pickling": 2,  # format-neutral: never execute, bounded, one verdict
+    "formats": 3,  # sniff + readers: facts, no judgement
+    "services": 4,  # engines the checks and the commands share (manifest hashing / verify, safety scan)
+    "checks": 5,
+    "commands": 6,
+    "render": 7,
     # the public API: one function per command and its frozen results (which render themselves)
-    "api": 5, "results": 5, "pytest_plugin": 5, "__init__": 5,
-    "cli": 6, "__main__": 6,
+    "api": 8, "results": 8, "pytest_plugin": 8, "__init__": 8,
+    "cli": 9, "__main__": 9,
 }
-LAYER_NAMES = {0: "model", 1: "formats", 2: "checks", 3: "commands", 4: "render", 5: "api", 6: "cli"}
+LAYER_NAMES = {0: "core", 1: "io", 2: "pickling", 3: "formats", 4: "services", 5: "checks", 6: "commands",
+               7: "render", 8: "api", 9: "cli"}
 
 
 def _module_name(path: Path) -> str:
@@ -109,6 +113,12 @@ def test_imports_go_one_way() -> None:
     ("ckptinspect.checks.safety", "from ..commands.scan import scan\n"),
     ("ckptinspect.commands.audit.audit", "from ckptinspect import cli\n"),
     ("ckptinspect.formats.dcp", "import ckptinspect.api\n"),
+    # the bottom layers are ordered too
+    ("ckptinspect.io.local", "from ckptinspect.pickling import policy\n"),
+    ("ckptinspect.pickling.policy", "def f():\n    from ckptinspect.formats import sniff\n"),
+    ("ckptinspect.model", "import ckptinspect.io.local\n"),
+    ("ckptinspect.errors", "def f():\n    from ckptinspect.io.backend import StorageError\n"),
+    ("ckptinspect.services.safety_scan", "from ckptinspect.checks import safety\n"),
 ])
 def test_a_back_import_is_caught(module: str, source: str) -> None:
     """The checker itself: each of these runs up a layer and must be reported."""

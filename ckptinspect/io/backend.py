@@ -1,4 +1,5 @@
-"""The interface every object-storage backend implements, the values it returns, and the errors it raises.
+"""The interface every object-storage backend implements, the values it returns; the errors it raises live in
+`ckptinspect.errors` with the rest of the exception tree (named here too).
 
 A backend is called by `session.Store` only, always through `retry.call`, in this order:
 
@@ -21,13 +22,20 @@ itself cannot be reached or authenticated.
 
 from __future__ import annotations
 
-import enum
-import errno
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ckptinspect.errors import UsageError
+from ckptinspect.errors import ERRORS as ERRORS
+from ckptinspect.errors import AccessDenied as AccessDenied
+from ckptinspect.errors import Fault as Fault
+from ckptinspect.errors import ObjectChanged as ObjectChanged
+from ckptinspect.errors import ObjectMissing as ObjectMissing
+from ckptinspect.errors import ObjectTruncated as ObjectTruncated
+from ckptinspect.errors import RetriesExhausted as RetriesExhausted
+from ckptinspect.errors import StorageError as StorageError
+from ckptinspect.errors import StorageUnavailable as StorageUnavailable
+from ckptinspect.errors import Unreachable as Unreachable
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,67 +80,6 @@ def s3_list_page(page: Mapping[str, Any], prefix: str) -> tuple[Listing, str | N
             dirs.add(base)
     nxt = page.get("NextContinuationToken") if page.get("IsTruncated") else None
     return Listing(files, frozenset(dirs)), (str(nxt) if nxt else None)
-
-
-class Fault(enum.Enum):
-    """What an exception from a backend client means."""
-
-    TRANSIENT = "transient"  # throttling, 5xx, timeouts, dropped connections: retried with backoff
-    MISSING = "missing"  # 404 / no such key or bucket
-    DENIED = "denied"  # 401 / 403 / no credentials
-    CHANGED = "changed"  # 412: the conditional read saw another ETag
-    UNREACHABLE = "unreachable"  # DNS failure, connection refused, bad endpoint
-    OTHER = "other"
-
-
-class StorageError(OSError):
-    """A storage operation failed for good (after retries when the fault was transient)."""
-
-    fault = Fault.OTHER
-
-    def __init__(self, message: str, key: str = "") -> None:
-        super().__init__(_ERRNO[self.fault], message)
-        self.key = key
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-class ObjectMissing(StorageError):
-    fault = Fault.MISSING
-
-
-class AccessDenied(StorageError):
-    fault = Fault.DENIED
-
-
-class ObjectChanged(StorageError):
-    fault = Fault.CHANGED
-
-
-class Unreachable(StorageError):
-    fault = Fault.UNREACHABLE
-
-
-class RetriesExhausted(StorageError):
-    fault = Fault.TRANSIENT
-
-
-class ObjectTruncated(StorageError):
-    """The server sent fewer bytes than the listing's size promised."""
-
-
-_ERRNO = {Fault.MISSING: errno.ENOENT, Fault.DENIED: errno.EACCES, Fault.CHANGED: errno.ESTALE,
-          Fault.UNREACHABLE: errno.EHOSTUNREACH, Fault.TRANSIENT: errno.ETIMEDOUT, Fault.OTHER: errno.EIO}
-
-ERRORS: dict[Fault, type[StorageError]] = {Fault.MISSING: ObjectMissing, Fault.DENIED: AccessDenied,
-                                           Fault.CHANGED: ObjectChanged, Fault.UNREACHABLE: Unreachable,
-                                           Fault.TRANSIENT: RetriesExhausted, Fault.OTHER: StorageError}
-
-
-class StorageUnavailable(UsageError):
-    """The location cannot be reached or authenticated at all (exit 2): wrong endpoint, no credentials, 403 on
-    the first listing, no such bucket."""
 
 
 class Backend(Protocol):
