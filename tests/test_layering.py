@@ -129,3 +129,47 @@ def test_downward_imports_pass() -> None:
     src = ("from ckptinspect.model import Checkpoint\nfrom ckptinspect.formats import read_checkpoint\n"
            "from ckptinspect.services.integrity_verify import verify_manifest\nfrom ckptinspect import checks\nimport json\n")
     assert back_imports(src, "ckptinspect.commands.manifest.manifest") == []
+
+
+def command_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle in a graph of commands (name -> the commands it imports), each as the path that closes it."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [node, nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = 2
+
+    for n in sorted(edges):
+        if n not in state:
+            visit(n, [])
+    return cycles
+
+
+def test_no_cycle_between_commands() -> None:
+    """`commands/<name>/` packages may use each other (audit adds estimate's CK801), never in a circle: each command
+    can be read, changed and tested starting from the ones it uses."""
+    edges: dict[str, set[str]] = {}
+    root = PACKAGE / "commands"
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).parts
+        if len(rel) < 2:
+            continue
+        mine = rel[0]
+        for _line, target in imported_modules(path.read_text(encoding="utf-8"), _module_name(path),
+                                              path.name == "__init__.py"):
+            parts = target.split(".")
+            if parts[:2] == ["ckptinspect", "commands"] and len(parts) > 2 and parts[2] != mine:
+                edges.setdefault(mine, set()).add(parts[2])
+    assert not command_cycles(edges), command_cycles(edges)
+
+
+def test_a_command_cycle_is_caught() -> None:
+    assert command_cycles({"audit": {"estimate"}, "estimate": {"audit"}})
+    assert command_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}})
+    assert not command_cycles({"audit": {"estimate"}, "estimate": set(), "diff": {"estimate"}})

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from ckptinspect.commands.audit.summary import component_of, summarize
+from ckptinspect.commands.audit.summary import summarize
+from ckptinspect.formats.components import component_of
 from ckptinspect.formats import read_checkpoint
 
 
