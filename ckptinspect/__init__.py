@@ -35,14 +35,28 @@ from ckptinspect.api import (
     verify_manifest,
     write_manifest,
 )
-from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
-from ckptinspect.findings import Finding, Severity, Status
+from ckptinspect.errors import BrokenSaveDir, CkptInspectError, LimitExceeded, ReadError, StorageError, UsageError
+from ckptinspect.findings import FailOn, FailOnLike, Finding, Severity, Status
+from ckptinspect.model import (
+    Checkpoint,
+    Chunk,
+    FileInfo,
+    FileRole,
+    Format,
+    Kind,
+    ObjectItem,
+    ShardedBackend,
+    Stack,
+    StoredItem,
+    Tensor,
+    Topology,
+)
+from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.results import (
     AuditResult,
     CoverageResult,
     DiffResult,
     EstimateResult,
-    FailOn,
     InfoResult,
     LsResult,
     ManifestResult,
@@ -54,15 +68,21 @@ from ckptinspect.results import (
 
 if TYPE_CHECKING:
     from ckptinspect.commands.estimate.describe import GptDescription
+    from ckptinspect.commands.resume.model import Outcome, Verdict
+    from ckptinspect.formats.sniff import SniffState
+
+# Imported on first use (`ckptinspect.Verdict`): each pulls in a layer that `import ckptinspect` should not pay for.
+_LAZY = {"GptDescription": "ckptinspect.commands.estimate.describe", "Verdict": "ckptinspect.commands.resume.model",
+         "Outcome": "ckptinspect.commands.resume.model", "SniffState": "ckptinspect.formats.sniff"}
 
 
 def __getattr__(name: str) -> Any:
-    """`GptDescription` (the model description `estimate` takes) is imported on first use: it pulls in the estimate
-    arithmetic, which `import ckptinspect` should not pay for."""
-    if name == "GptDescription":
-        from ckptinspect.commands.estimate.describe import GptDescription
+    """`GptDescription` (the model description `estimate` takes) and the verdict enums of `resume` and `sniff` are
+    imported on first use: they pull in the estimate arithmetic, the resume rules and the readers."""
+    if name in _LAZY:
+        import importlib
 
-        return GptDescription
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ckptinspect' has no attribute {name!r}")
 
 
@@ -72,10 +92,15 @@ __all__ = [
     "sniff", "read", "ls", "info", "audit", "diff", "resume", "coverage", "verify_manifest", "write_manifest",
     "merge_manifest_reports", "scan", "estimate",
     # values
-    "Status", "Severity", "Finding", "FailOn", "GptDescription",
+    "Status", "Severity", "Finding", "FailOn", "FailOnLike", "GptDescription",
+    # verdict enums: a sniff's state, a resume's verdict and each component's outcome
+    "SniffState", "Verdict", "Outcome",
+    # the neutral model `read()` returns
+    "Checkpoint", "Tensor", "Chunk", "ChunkTable", "StoredItem", "ObjectItem", "FileInfo", "FileRole", "Topology",
+    "Format", "Kind", "Stack", "ShardedBackend",
     # results
     "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult", "CoverageResult",
     "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult",
     # errors
-    "CkptInspectError", "UsageError", "BrokenSaveDir",
+    "CkptInspectError", "UsageError", "BrokenSaveDir", "ReadError", "LimitExceeded", "StorageError",
 ]

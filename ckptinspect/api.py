@@ -157,7 +157,7 @@ def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: 
                     workers: int | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
                     progress: ProgressHook | None = None) -> ManifestResult:
     """Verify a SHA-256 manifest (the checkpoint's own `integrity.json` by default; `ckptinspect manifest verify`)."""
-    from ckptinspect.services.integrity_verify import verify_manifest as do_verify
+    from ckptinspect.services.integrity_verify import parse_shard, verify_manifest as do_verify
     from ckptinspect.errors import UsageError
     from ckptinspect.formats.resolve import resolve_checkpoint
 
@@ -168,8 +168,7 @@ def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: 
         m, m_label = _path(manifest)
         if not m.exists():
             raise UsageError(f"--manifest {m_label}: no such file")
-    if shard is not None and not (shard[1] > 0 and 0 <= shard[0] < shard[1]):
-        raise UsageError(f"shard {shard[0]}/{shard[1]}: need 0 <= K < N")
+    shard = parse_shard(shard)
     report = do_verify(ckpt_path, m, shard=shard, workers=workers, progress=progress, path_label=ckpt_label)
     return ManifestResult(_filtered(report, select, ignore))
 

@@ -10,7 +10,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal, Union
 
 
 class Severity(enum.Enum):
@@ -242,3 +242,34 @@ def exceeds(findings: Iterable[Finding], fail_on: Severity | None) -> bool:
     if fail_on is None:
         return False
     return any(f.severity.rank >= fail_on.rank for f in findings)
+
+
+# Exit codes of every command, the CLI's and the API's `exit_code()` alike (the contract's table).
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class FailOn(str, enum.Enum):
+    """`--fail-on` / `fail_on=`: the severity at or above which findings make the exit code 1; NEVER: exit 0."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    NEVER = "never"
+
+    @property
+    def severity(self) -> Severity | None:
+        return fail_severity(self)
+
+
+FailOnLike = Union[FailOn, Literal["error", "warning", "never"], Severity, None]
+"""What `fail_on=` takes: a `FailOn`, its name, a `Severity`, or None (= never: exit 0 whatever the findings)."""
+
+
+def fail_severity(fail_on: FailOnLike) -> Severity | None:
+    """The severity at or above which findings fail (None = never); raises ValueError for an unknown name."""
+    if fail_on is None or isinstance(fail_on, Severity):
+        return fail_on
+    if fail_on == "never":
+        return None
+    if fail_on in ("error", "warning", "info"):
+        return Severity(str(fail_on.value if isinstance(fail_on, FailOn) else fail_on))
+    raise ValueError(f"fail_on={fail_on!r}: expected 'error', 'warning' or 'never'")

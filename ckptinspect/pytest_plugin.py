@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from ckptinspect.api import PathLike, audit
-from ckptinspect.results import AuditResult, FailOn, fail_severity
+from ckptinspect.findings import FailOnLike, fail_severity
+from ckptinspect.results import AuditResult
 
 
 class CheckpointFailed(AssertionError):
@@ -33,7 +34,7 @@ class CheckpointFailed(AssertionError):
         self.result = result
 
 
-def failure_message(result: AuditResult, fail_on: FailOn = "error", width: int = 120) -> str:
+def failure_message(result: AuditResult, fail_on: FailOnLike = "error", width: int = 120) -> str:
     """The verdict line and the findings table of the text report, as plain text."""
     from rich.console import Console
 
@@ -47,7 +48,7 @@ def failure_message(result: AuditResult, fail_on: FailOn = "error", width: int =
             f"{sev.value if sev else 'never'}\n" + console.export_text())
 
 
-def assert_checkpoint(path: PathLike, fail_on: FailOn = "error", *, deep: bool = False,
+def assert_checkpoint(path: PathLike, fail_on: FailOnLike = "error", *, deep: bool = False,
                       all_iterations: bool = False, manifest: PathLike | None = None, select: Sequence[str] = (),
                       ignore: Sequence[str] = ()) -> AuditResult:
     """Audit `path`; raise `CheckpointFailed` (an AssertionError) when `ckptinspect audit` would exit 1."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union
 
 from ckptinspect.errors import CkptInspectError
-from ckptinspect.findings import Finding, Severity, Status, exceeds
+from ckptinspect.findings import EXIT_FINDINGS, EXIT_OK, FailOnLike, Finding, Severity, Status, exceeds, fail_severity
 from ckptinspect.model import StrEnum
 
 if TYPE_CHECKING:
@@ -30,23 +30,6 @@ if TYPE_CHECKING:
     from ckptinspect.formats.sniff import SniffReport, SniffState
     from ckptinspect.model import Checkpoint, Format, Kind
 
-FailOn = Union[Literal["error", "warning", "never"], Severity, None]
-"""`--fail-on`: a severity name, a `Severity`, or "never" / None (exit 0 whatever the findings)."""
-
-EXIT_OK, EXIT_FINDINGS = 0, 1
-
-
-def fail_severity(fail_on: FailOn) -> Severity | None:
-    """The severity at or above which findings fail (None = never); raises ValueError for an unknown name."""
-    if fail_on is None or isinstance(fail_on, Severity):
-        return fail_on
-    if fail_on == "never":
-        return None
-    if fail_on in ("error", "warning", "info"):
-        return Severity(fail_on)
-    raise ValueError(f"fail_on={fail_on!r}: expected 'error', 'warning' or 'never'")
-
-
 def _is_file(label: str) -> bool:
     """Whether the PATH a result is about is one file (SARIF locations are then relative to its dir)."""
     from ckptinspect.io import location
@@ -57,7 +40,7 @@ def _is_file(label: str) -> bool:
         return False
 
 
-def _exit(findings: Iterable[Finding], fail_on: FailOn) -> int:
+def _exit(findings: Iterable[Finding], fail_on: FailOnLike) -> int:
     return EXIT_FINDINGS if exceeds(findings, fail_severity(fail_on)) else EXIT_OK
 
 
@@ -113,7 +96,7 @@ class _Result:
         doc: dict[str, Any] = json.loads(self.to_json())
         return doc
 
-    def exit_code(self, fail_on: FailOn = "error") -> int:
+    def exit_code(self, fail_on: FailOnLike = "error") -> int:
         return _exit(self.deciding_findings, fail_on)
 
 
@@ -282,7 +265,7 @@ class DiffResult(_Result):
     def _body(self) -> dict[str, Any]:
         return self.report.to_dict()
 
-    def exit_code(self, fail_on: FailOn = "error") -> int:
+    def exit_code(self, fail_on: FailOnLike = "error") -> int:
         """1 for a blocking difference (0 with `fail_on="never"`), as `ckptinspect diff`."""
         return EXIT_FINDINGS if self.blocking and fail_severity(fail_on) is not None else EXIT_OK
 
@@ -301,7 +284,7 @@ class ResumeResult(_Result):
     def _body(self) -> dict[str, Any]:
         return self.report.to_dict()
 
-    def exit_code(self, fail_on: FailOn = "error") -> int:
+    def exit_code(self, fail_on: FailOnLike = "error") -> int:
         """1 when the resume fails (0 with `fail_on="never"`), as `ckptinspect resume`."""
         from ckptinspect.commands.resume.model import Verdict
 

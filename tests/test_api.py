@@ -27,7 +27,10 @@ PUBLIC = {
     "write_manifest", "merge_manifest_reports", "scan", "estimate", "Status", "Severity", "Finding", "FailOn",
     "GptDescription", "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult",
     "CoverageResult", "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult", "CkptInspectError",
-    "UsageError", "BrokenSaveDir",
+    "UsageError", "BrokenSaveDir", "ReadError", "LimitExceeded", "StorageError", "FailOnLike",
+    # the verdict enums and the neutral model `read()` returns
+    "SniffState", "Verdict", "Outcome", "Checkpoint", "Tensor", "Chunk", "ChunkTable", "StoredItem", "ObjectItem",
+    "FileInfo", "FileRole", "Topology", "Format", "Kind", "Stack", "ShardedBackend",
 }
 
 
@@ -35,6 +38,20 @@ def test_all_is_the_documented_public_api() -> None:
     assert set(ckptinspect.__all__) == PUBLIC
     for name in ckptinspect.__all__:
         assert getattr(ckptinspect, name) is not None
+
+
+def test_the_model_and_verdicts_are_the_exported_types() -> None:
+    """What `read()` / `resume()` / `sniff()` return is typed by names a user can import from the package root."""
+    ckpt = ckptinspect.read(SAMPLES / "torch_dist")
+    assert isinstance(ckpt, ckptinspect.Checkpoint) and ckpt.format is ckptinspect.Format.TORCH_DIST
+    assert ckpt.tensors and all(isinstance(t, ckptinspect.Tensor) for t in ckpt.tensors)
+    assert isinstance(ckpt.table, ckptinspect.ChunkTable)
+    assert all(isinstance(c, ckptinspect.Chunk) for c in ckpt.tensors[0].chunks)
+    r = ckptinspect.resume(SAMPLES / "torch_dist", tp=1, pp=1)
+    assert isinstance(r.verdict, ckptinspect.Verdict)
+    assert isinstance(ckptinspect.sniff(SAMPLES / "torch_dist").report.state, ckptinspect.SniffState)
+    assert ckptinspect.FailOn("warning").severity is ckptinspect.Severity.WARNING
+    assert ckptinspect.audit(SAMPLES / "torch_dist").exit_code(ckptinspect.FailOn.NEVER) == 0
 
 
 def test_release_gate_with_top_level_names_only(tmp_path: Path) -> None:

@@ -10,9 +10,7 @@ import typer
 
 from ckptinspect._version import __version__
 from ckptinspect.cli.shell import (
-    EXIT_OK,
     DebugOpt,
-    FailOn,
     FailOnOpt,
     IgnoreOpt,
     Output,
@@ -30,6 +28,7 @@ from ckptinspect.cli.shell import (
     progress_bar,
     usage_exit,
 )
+from ckptinspect.findings import EXIT_OK, FailOn
 
 app = typer.Typer(
     name="ckptinspect",

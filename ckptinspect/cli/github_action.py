@@ -36,7 +36,8 @@ def _append(path: str | None, text: str) -> None:
 
 def main() -> int:
     from ckptinspect.api import audit
-    from ckptinspect.cli.shell import EXIT_USAGE, console
+    from ckptinspect.cli.shell import console
+    from ckptinspect.findings import EXIT_USAGE
     from ckptinspect.render.text import render_audit
     from ckptinspect.findings import Severity
 

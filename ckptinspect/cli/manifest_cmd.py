@@ -10,7 +10,6 @@ import typer
 
 from ckptinspect.cli.shell import (
     DebugOpt,
-    FailOn,
     FailOnOpt,
     IgnoreOpt,
     Output,
@@ -29,6 +28,7 @@ from ckptinspect.cli.shell import (
     sarif_command,
     usage_exit,
 )
+from ckptinspect.findings import FailOn
 
 if TYPE_CHECKING:
     from ckptinspect.results import ManifestResult
@@ -61,7 +61,9 @@ def manifest_verify(
         from ckptinspect.api import verify_manifest
 
         only(output, (Output.TEXT, Output.JSON, Output.JUNIT, Output.SARIF))
-        shard_t = _parse_shard(shard)
+        from ckptinspect.services.integrity_verify import parse_shard
+
+        shard_t = parse_shard(shard, "--shard")
         with progress_bar(output is Output.TEXT, "sha256", progress, command="manifest verify") as hook:
             r = verify_manifest(path, manifest, shard=shard_t, workers=workers, select=select or (),
                                 ignore=ignore or (), progress=hook)
@@ -133,18 +135,6 @@ def manifest_write(
         return r.exit_code()
 
     guarded(debug, body, json_command(output, "manifest write"))
-
-
-def _parse_shard(shard: str | None) -> tuple[int, int] | None:
-    if shard is None:
-        return None
-    try:
-        k, n = (int(x) for x in shard.split("/", 1))
-    except ValueError:
-        usage_exit(f"--shard {shard!r}: expected K/N, e.g. 0/4")
-    if not (n > 0 and 0 <= k < n):
-        usage_exit(f"--shard {shard!r}: need 0 <= K < N")
-    return k, n
 
 
 def _emit_manifest_result(r: ManifestResult, output: Output) -> None:

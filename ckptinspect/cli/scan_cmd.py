@@ -17,7 +17,6 @@ from rich.text import Text
 
 from ckptinspect.cli.shell import (
     DebugOpt,
-    FailOn,
     FailOnOpt,
     IgnoreOpt,
     Output,
@@ -28,6 +27,7 @@ from ckptinspect.cli.shell import (
     guarded,
     parse_location,
 )
+from ckptinspect.findings import FailOn
 from ckptinspect.services.safety_scan import ScanReport
 
 MAX_ROWS = 100

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from ckptinspect.progress import ProgressHook
 from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
-from ckptinspect.findings import Finding, Severity
+from ckptinspect.findings import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, FailOn, Finding, Severity
 
 
 class Output(str, enum.Enum):
@@ -28,16 +28,6 @@ class Output(str, enum.Enum):
     MARKDOWN = "markdown"
     JUNIT = "junit"
     SARIF = "sarif"  # audit, scan, manifest verify / merge
-
-
-class FailOn(str, enum.Enum):
-    ERROR = "error"
-    WARNING = "warning"
-    NEVER = "never"
-
-    @property
-    def severity(self) -> Severity | None:
-        return {"error": Severity.ERROR, "warning": Severity.WARNING, "never": None}[self.value]
 
 
 class ProgressMode(str, enum.Enum):
@@ -49,7 +39,6 @@ class ProgressMode(str, enum.Enum):
     NONE = "none"
 
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="text | json | markdown | junit | sarif")]
 FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="exit 1 on findings at or above: error | warning | never")]

@@ -149,6 +149,25 @@ def _entries(files: Mapping[str, Any], label: str) -> tuple[dict[str, str], list
     return good, bad
 
 
+def parse_shard(shard: str | tuple[int, int] | None, flag: str = "shard") -> tuple[int, int] | None:
+    """The one reading of a verification shard: `"K/N"` (the CLI's `--shard`) or `(K, N)` (the API's), 0 <= K < N.
+    Raises `UsageError` naming `flag` for anything else."""
+    if shard is None:
+        return None
+    if isinstance(shard, str):
+        try:
+            k, n = (int(x) for x in shard.split("/", 1))
+        except ValueError:
+            raise UsageError(f"{flag} {shard!r}: expected K/N, e.g. 0/4") from None
+        spelled = repr(shard)
+    else:
+        k, n = shard
+        spelled = f"{k}/{n}"
+    if not (n > 0 and 0 <= k < n):
+        raise UsageError(f"{flag} {spelled}: need 0 <= K < N")
+    return k, n
+
+
 def shard_of(name: str, n: int) -> int:
     """The shard (0-based, of `n`) that verifies manifest entry `name`: stable across runs, machines, Pythons."""
     h = hashlib.sha256(name.encode("utf-8", "surrogateescape")).digest()
@@ -253,8 +272,7 @@ def verify_manifest(
     label = path_label if path_label is not None else str(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise UsageError(f"{ckpt_dir} is not a directory")
-    if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
-        raise UsageError(f"shard {shard[0]}/{shard[1]}: need 0 <= K < N")
+    shard = parse_shard(shard)
     with unread_scope():
         if probe_dir(ckpt_dir) is not None:  # a dir this user may not list or enter: nothing verified (CK209)
             denied = unread_findings(ckpt_dir, label)
