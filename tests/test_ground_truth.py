@@ -6,7 +6,7 @@ megatron-core (the test extra: 0.16.1) and runs Megatron's torch_dist load path 
 model and DistributedOptimizer sharded state dicts, then `load_state_dict`). A pair agrees when the real load
 succeeds exactly where `resume` predicts `loaded`/`resharded` for every loaded component, and raises where it
 predicts `fails`. The loads run in one gloo process group per target topology (4 spawns, world ≤ 4).
-The README's "prediction vs real load" table is this PAIRS list.
+The "Prediction vs real load" table of docs/benchmarks.md is this PAIRS list.
 """
 
 from __future__ import annotations

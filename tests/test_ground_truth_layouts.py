@@ -7,7 +7,7 @@ loaded/resharded for every component the load requests, and raise where it predi
 must also name the rule that matches the library's error. The loads run in two spawns (world 2 and world 4) through
 `tools/make_sample_ckpts.py run_ground_truth`: each case builds Megatron's model and optimizer at the target
 topology and calls `dist_checkpointing.load` + `load_state_dict` as Megatron-LM's `load_checkpoint` does (legacy:
-`torch.load` + `load_parameter_state`). The table of these pairs is in README.md ("Prediction vs real load").
+`torch.load` + `load_parameter_state`). The table of these pairs is in docs/benchmarks.md ("Prediction vs real load").
 """
 
 from __future__ import annotations
