@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ckptinspect.commands.audit.summary import summarize
-from ckptinspect.formats.components import component_of
+from ckptinspect.model.components import component_of
 from ckptinspect.formats import read_checkpoint
 
 

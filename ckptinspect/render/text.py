@@ -14,7 +14,7 @@ from rich.text import Text
 from typing import TYPE_CHECKING
 
 from ckptinspect.findings import CODES, Finding, Severity, Status
-from ckptinspect.formats.components import COMPONENTS
+from ckptinspect.model.components import COMPONENTS
 
 if TYPE_CHECKING:  # type-only: `sniff` must not pay for importing the readers and checks (≤0.3 s budget)
     from ckptinspect.commands.audit.audit import AuditReport, Listing

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
-from ckptinspect.formats.components import COMPONENTS, component_of
+from ckptinspect.model.components import COMPONENTS, component_of
 from ckptinspect.model import Checkpoint, frozen, frozen2
 
 _RANK_FILE = re.compile(r"^(?:.*?)__(\d+)_(\d+)\.distcp$")

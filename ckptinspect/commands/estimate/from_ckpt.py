@@ -32,7 +32,7 @@ from ckptinspect.commands.estimate.spec import (
 )
 from ckptinspect.formats.args_values import arg_flag, arg_int, arg_text
 from ckptinspect.model import Checkpoint, Format, Tensor
-from ckptinspect.formats.components import component_of
+from ckptinspect.model.components import component_of
 
 _LAYER_INDEX = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")
