@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from ckptinspect.errors import CkptInspectError
-from ckptinspect.findings import EXIT_FINDINGS, EXIT_OK, FailOnLike, Finding, Severity, Status, exceeds, fail_severity
+from ckptinspect.findings import EXIT_FINDINGS, EXIT_OK, FailOnLike, Finding, Status, exceeds, fail_severity
 from ckptinspect.model import StrEnum
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from ckptinspect.commands.audit.audit import AuditReport, IterationRow, Listing
     from ckptinspect.commands.audit.summary import Summary
     from ckptinspect.commands.coverage.coverage import CoverageReport
@@ -66,6 +68,9 @@ class _Result:
 
     __slots__ = ()
     COMMAND: ClassVar[str]
+    # The `--output` formats this result renders itself in: `to_text()` (a rich renderable; a plain str is printed as
+    # is), `to_json()`, and `to_markdown()` / `to_junit()` / `to_sarif()` where listed. The CLI asks nothing else.
+    OUTPUTS: ClassVar[tuple[str, ...]] = ("text", "json")
 
     @property
     def findings(self) -> tuple[Finding, ...]:
@@ -98,6 +103,9 @@ class _Result:
 
     def exit_code(self, fail_on: FailOnLike = "error") -> int:
         return _exit(self.deciding_findings, fail_on)
+
+    def to_text(self) -> RenderableType:
+        raise NotImplementedError
 
 
 class _ReportResult(_Result, Generic[R]):
@@ -144,6 +152,11 @@ class SniffResult(_Result):
     def _body(self) -> dict[str, Any]:
         return dict(self.report.to_dict())
 
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.text import render_sniff
+
+        return render_sniff(self.report)
+
 
 @dataclass(frozen=True, slots=True)
 class LsResult(_Result):
@@ -166,6 +179,11 @@ class LsResult(_Result):
 
         return ls_doc(self.report)
 
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.text import render_ls
+
+        return render_ls(self.report)
+
 
 @dataclass(frozen=True, slots=True)
 class InfoResult(_Result):
@@ -185,12 +203,18 @@ class InfoResult(_Result):
 
         return info_doc(self.checkpoint, self.summary)
 
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.text import render_info
+
+        return render_info(self.checkpoint, self.summary)
+
 
 @dataclass(frozen=True, slots=True)
 class AuditResult(_Result):
     """`audit PATH`: `status`, every finding, and `report` (per-checkpoint audits, save dir, summary)."""
 
     COMMAND = "audit"
+    OUTPUTS = ("text", "json", "markdown", "junit", "sarif")
     report: AuditReport
 
     @property
@@ -211,6 +235,11 @@ class AuditResult(_Result):
         from ckptinspect.render.json_doc import audit_doc
 
         return audit_doc(self.report)
+
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.text import render_audit
+
+        return render_audit(self.report)
 
     def to_markdown(self) -> str:
         from ckptinspect.render.markdown import audit_markdown
@@ -269,6 +298,11 @@ class DiffResult(_Result):
         """1 for a blocking difference (0 with `fail_on="never"`), as `ckptinspect diff`."""
         return EXIT_FINDINGS if self.blocking and fail_severity(fail_on) is not None else EXIT_OK
 
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.diff_text import render_diff
+
+        return render_diff(self.report)
+
 
 @dataclass(frozen=True, slots=True)
 class ResumeResult(_Result):
@@ -291,6 +325,12 @@ class ResumeResult(_Result):
         fails = self.report.verdict is Verdict.FAILS
         return EXIT_FINDINGS if fails and fail_severity(fail_on) is not None else EXIT_OK
 
+    def to_text(self, explain: bool = False) -> RenderableType:
+        """The verdict and the components; with `explain`, the rule table applied (`resume --explain`)."""
+        from ckptinspect.render.resume_text import render_resume
+
+        return render_resume(self.report, explain)
+
 
 @dataclass(frozen=True, slots=True)
 class ManifestResult(_ReportResult["ManifestReport"]):
@@ -299,9 +339,15 @@ class ManifestResult(_ReportResult["ManifestReport"]):
     COMMAND = "manifest verify"
     report: ManifestReport
     command: str = "manifest verify"
+    OUTPUTS = ("text", "json", "junit", "sarif")
 
     def _command(self) -> str:
         return self.command
+
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.text import render_manifest_report
+
+        return render_manifest_report(self.report)
 
     def to_junit(self) -> str:
         from ckptinspect.render.junit import findings_junit
@@ -332,6 +378,10 @@ class WrittenManifestResult(_Result):
         w = self.written
         return {"path": self.path, "manifest": w.path, "files": dict(w.files), "bytes_hashed": w.bytes_hashed}
 
+    def to_text(self) -> RenderableType:
+        w = self.written
+        return f"wrote {w.path}: {len(w.files)} file(s), {w.bytes_hashed} bytes hashed"
+
 
 @dataclass(frozen=True, slots=True)
 class ScanResult(_ReportResult["ScanReport"]):
@@ -339,6 +389,22 @@ class ScanResult(_ReportResult["ScanReport"]):
 
     COMMAND = "scan"
     report: ScanReport
+    OUTPUTS = ("text", "json", "markdown", "junit", "sarif")
+
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.scan import render_scan
+
+        return render_scan(self.report)
+
+    def to_markdown(self) -> str:
+        from ckptinspect.render.scan import scan_markdown
+
+        return scan_markdown(self.report)
+
+    def to_junit(self) -> str:
+        from ckptinspect.render.junit import findings_junit
+
+        return findings_junit(f"scan {self.report.path}", list(self.report.findings))
 
     def to_sarif(self) -> str:
         """The SARIF 2.1.0 log `ckptinspect scan -o sarif` prints (a pickle's file is relative to the scanned PATH)."""
@@ -356,6 +422,11 @@ class CoverageResult(_ReportResult["CoverageReport"]):
     COMMAND = "coverage"
     report: CoverageReport
 
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.text import render_coverage
+
+        return render_coverage(self.report)
+
 
 @dataclass(frozen=True, slots=True)
 class EstimateResult(_Result):
@@ -367,3 +438,8 @@ class EstimateResult(_Result):
 
     def _body(self) -> dict[str, Any]:
         return self.estimate.to_dict()
+
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.estimate_text import render_estimate
+
+        return render_estimate(self.estimate)

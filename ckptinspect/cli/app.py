@@ -20,7 +20,7 @@ from ckptinspect.cli.shell import (
     ProgressOpt,
     SelectOpt,
     emit_raw,
-    emit_text,
+    emit_result,
     guarded,
     json_command,
     location_arg,
@@ -29,6 +29,7 @@ from ckptinspect.cli.shell import (
     usage_exit,
 )
 from ckptinspect.findings import EXIT_OK, FailOn
+from ckptinspect.results import AuditResult, CoverageResult, DiffResult, InfoResult, LsResult, ResumeResult, SniffResult
 
 app = typer.Typer(
     name="ckptinspect",
@@ -69,14 +70,9 @@ def sniff(path: PathArg, output: OutputOpt = Output.TEXT, debug: DebugOpt = Fals
     def body() -> int:
         from ckptinspect.api import sniff as do_sniff
 
-        only(output, (Output.TEXT, Output.JSON))
+        only(output, SniffResult.OUTPUTS)
         r = do_sniff(path)
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        else:
-            from ckptinspect.render.text import render_sniff
-
-            emit_text(render_sniff(r.report))
+        emit_result(r, output)
         return r.exit_code()
 
     guarded(debug, body)
@@ -94,14 +90,9 @@ def ls_cmd(
     def body() -> int:
         from ckptinspect.api import ls as do_ls
 
-        only(output, (Output.TEXT, Output.JSON))
+        only(output, LsResult.OUTPUTS)
         r = do_ls(path)
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        else:
-            from ckptinspect.render.text import render_ls
-
-            emit_text(render_ls(r.report))
+        emit_result(r, output)
         return r.exit_code(fail_on.severity)
 
     guarded(debug, body)
@@ -120,18 +111,13 @@ def info(
     def body() -> int:
         from ckptinspect.api import info as do_info
 
-        only(output, (Output.TEXT, Output.JSON))
+        only(output, InfoResult.OUTPUTS)
         r = do_info(path)
         if csv is not None:
             from ckptinspect.render.frames import write_tensor_csv
 
             write_tensor_csv(r.checkpoint, csv)
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        else:
-            from ckptinspect.render.text import render_info
-
-            emit_text(render_info(r.checkpoint, r.summary))
+        emit_result(r, output)
         return r.exit_code(fail_on.severity)
 
     guarded(debug, body, json_command(output, "info"))
@@ -163,22 +149,12 @@ def audit(
     def body() -> int:
         from ckptinspect.api import audit as do_audit
 
+        only(output, AuditResult.OUTPUTS)
         with progress_bar(output is Output.TEXT and (deep or hash_files), "deep read", progress,
                           long=deep or hash_files, command="audit") as hook:
             r = do_audit(path, deep=deep, hash_files=hash_files, all_iterations=all_iterations, manifest=manifest,
                          select=select or (), ignore=ignore or (), progress=hook)
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        elif output is Output.MARKDOWN:
-            emit_raw(r.to_markdown())
-        elif output is Output.JUNIT:
-            emit_raw(r.to_junit())
-        elif output is Output.SARIF:
-            emit_raw(r.to_sarif())
-        else:
-            from ckptinspect.render.text import render_audit
-
-            emit_text(render_audit(r.report))
+        emit_result(r, output)
         return r.exit_code(fail_on.severity)
 
     guarded(debug, body)
@@ -200,7 +176,7 @@ def coverage(
     def body() -> int:
         from ckptinspect.api import coverage as do_coverage
 
-        only(output, (Output.TEXT, Output.JSON))
+        only(output, CoverageResult.OUTPUTS)
         r = do_coverage(path, keys or (), select=select or (), ignore=ignore or ())
         picture = r.report.picture
         if svg is not None:
@@ -209,19 +185,7 @@ def coverage(
             from ckptinspect.render.svg import picture_svg
 
             svg.write_text(picture_svg(picture), encoding="utf-8")
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        else:
-            from rich.console import Group
-
-            from ckptinspect.render.text import render_coverage_table, render_findings, render_picture
-
-            parts = [render_coverage_table(r.report.tensors)]
-            if picture is not None:
-                parts.append(render_picture(picture))
-            if r.findings:
-                parts.append(render_findings(r.findings))
-            emit_text(Group(*parts))
+        emit_result(r, output)
         return r.exit_code(fail_on.severity)
 
     guarded(debug, body, json_command(output, "coverage"))
@@ -241,16 +205,11 @@ def diff(
     def body() -> int:
         from ckptinspect.api import diff as do_diff
 
-        only(output, (Output.TEXT, Output.JSON))
+        only(output, DiffResult.OUTPUTS)
         with progress_bar(output is Output.TEXT and values, "values", progress, long=values,
                           command="diff") as hook:
             r = do_diff(a, b, values=values, progress=hook)
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        else:
-            from ckptinspect.render.diff_text import render_diff
-
-            emit_text(render_diff(r.report))
+        emit_result(r, output)
         return r.exit_code()
 
     guarded(debug, body, json_command(output, "diff"))
@@ -283,16 +242,11 @@ def resume(
     def body() -> int:
         from ckptinspect.api import resume as do_resume
 
-        only(output, (Output.TEXT, Output.JSON))
+        only(output, ResumeResult.OUTPUTS)
         r = do_resume(path, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
                       make_vocab_size_divisible_by=make_vocab_size_divisible_by, vocab_size=vocab_size,
                       finetune=finetune, no_load_optim=no_load_optim, no_load_rng=no_load_rng)
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        else:
-            from ckptinspect.render.resume_text import render_resume
-
-            emit_text(render_resume(r.report, explain))
+        emit_result(r, output, explain=explain)
         return r.exit_code()
 
     guarded(debug, body, json_command(output, "resume"))

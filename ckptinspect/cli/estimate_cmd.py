@@ -13,7 +13,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ckptinspect.cli.shell import DebugOpt, Output, OutputOpt, emit_raw, emit_text, guarded, only
+from ckptinspect.cli.shell import DebugOpt, Output, OutputOpt, emit_result, guarded, only
+from ckptinspect.results import EstimateResult
 
 Int = Optional[int]
 
@@ -109,7 +110,7 @@ def estimate(  # noqa: PLR0913 - one option per knob of the arithmetic, as the i
         from ckptinspect.commands.estimate.describe import GptDescription
         from ckptinspect.errors import UsageError
 
-        only(output, (Output.TEXT, Output.JSON))
+        only(output, EstimateResult.OUTPUTS)
         description = None
         if any(v is not None for v in (layers, hidden, heads, vocab)):
             if layers is None or hidden is None or heads is None or vocab is None:
@@ -129,12 +130,7 @@ def estimate(  # noqa: PLR0913 - one option per knob of the arithmetic, as the i
             from ckptinspect.render.estimate_svg import estimate_svg
 
             svg.write_text(estimate_svg(r.estimate), encoding="utf-8")
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        else:
-            from ckptinspect.render.estimate_text import render_estimate
-
-            emit_text(render_estimate(r.estimate))
+        emit_result(r, output)
         return r.exit_code()
 
     guarded(debug, body)

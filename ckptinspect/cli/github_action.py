@@ -38,8 +38,7 @@ def main() -> int:
     from ckptinspect.api import audit
     from ckptinspect.cli.shell import console
     from ckptinspect.findings import EXIT_USAGE
-    from ckptinspect.render.text import render_audit
-    from ckptinspect.findings import Severity
+    from ckptinspect.findings import FailOn
 
     path = _env("PATH")
     try:
@@ -48,14 +47,14 @@ def main() -> int:
         fail_on = _env("FAIL_ON", "error") or "error"
         if fail_on not in ("error", "warning", "never"):
             raise UsageError(f"input 'fail-on': {fail_on!r} is not error | warning | never")
-        sev = None if fail_on == "never" else Severity(fail_on)
+        sev = FailOn(fail_on).severity
         r = audit(path, deep=_env("DEEP").lower() in _TRUE, all_iterations=_env("ALL").lower() in _TRUE,
                   manifest=_env("MANIFEST") or None, select=_env("SELECT").split(), ignore=_env("IGNORE").split())
     except UsageError as e:
         print(f"::error title=ckptinspect::{_escape(str(e))}", flush=True)
         _append(os.environ.get("GITHUB_OUTPUT"), f"status=\nexit-code={EXIT_USAGE}\nsarif=")
         return EXIT_USAGE
-    console().print(render_audit(r.report))
+    console().print(r.to_text())
     for f in r.deciding_findings:
         if sev is not None and f.severity.rank >= sev.rank:
             level = "error" if f.severity.value == "error" else "warning"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -18,8 +18,7 @@ from ckptinspect.cli.shell import (
     ProgressMode,
     ProgressOpt,
     SelectOpt,
-    emit_raw,
-    emit_text,
+    emit_result,
     guarded,
     json_command,
     only,
@@ -29,9 +28,7 @@ from ckptinspect.cli.shell import (
     usage_exit,
 )
 from ckptinspect.findings import FailOn
-
-if TYPE_CHECKING:
-    from ckptinspect.results import ManifestResult
+from ckptinspect.results import ManifestResult, WrittenManifestResult
 
 manifest_app = typer.Typer(help="SHA-256 integrity manifests (Megatron's integrity.json).", no_args_is_help=True)
 
@@ -60,14 +57,14 @@ def manifest_verify(
     def body() -> int:
         from ckptinspect.api import verify_manifest
 
-        only(output, (Output.TEXT, Output.JSON, Output.JUNIT, Output.SARIF))
+        only(output, ManifestResult.OUTPUTS)
         from ckptinspect.services.integrity_verify import parse_shard
 
         shard_t = parse_shard(shard, "--shard")
         with progress_bar(output is Output.TEXT, "sha256", progress, command="manifest verify") as hook:
             r = verify_manifest(path, manifest, shard=shard_t, workers=workers, select=select or (),
                                 ignore=ignore or (), progress=hook)
-        _emit_manifest_result(r, output)
+        emit_result(r, output)
         return r.exit_code(fail_on.severity)
 
     guarded(debug, body, json_command(output, "manifest verify"), sarif_command(output, "manifest verify"))
@@ -87,7 +84,7 @@ def manifest_merge(
     def body() -> int:
         from ckptinspect.api import merge_manifest_reports
 
-        only(output, (Output.TEXT, Output.JSON, Output.JUNIT, Output.SARIF))
+        only(output, ManifestResult.OUTPUTS)
         docs = []
         for p in reports:
             try:
@@ -95,7 +92,7 @@ def manifest_merge(
             except (OSError, ValueError) as e:
                 usage_exit(f"{p}: not a readable JSON report ({e})")
         r = merge_manifest_reports(docs, select=select or (), ignore=ignore or ())
-        _emit_manifest_result(r, output)
+        emit_result(r, output)
         return r.exit_code(fail_on.severity)
 
     guarded(debug, body)
@@ -120,40 +117,14 @@ def manifest_write(
         from ckptinspect.api import write_manifest
         from ckptinspect.errors import ReadError
 
-        only(output, (Output.TEXT, Output.JSON))
+        only(output, WrittenManifestResult.OUTPUTS)
         try:
             with progress_bar(output is Output.TEXT, "sha256", progress, command="manifest write") as hook:
                 r = write_manifest(path, out, recursive=recursive, workers=workers, progress=hook)
         except (ReadError, OSError) as e:
             # a file it may not read, a dir it may not write: the manifest cannot be made, and nothing was written
             usage_exit(f"manifest not written: {e.strerror if isinstance(e, OSError) and e.strerror else e}")
-        if output is Output.JSON:
-            emit_raw(r.to_json())
-        else:
-            w = r.written
-            emit_raw(f"wrote {w.path}: {len(w.files)} file(s), {w.bytes_hashed} bytes hashed")
+        emit_result(r, output)
         return r.exit_code()
 
     guarded(debug, body, json_command(output, "manifest write"))
-
-
-def _emit_manifest_result(r: ManifestResult, output: Output) -> None:
-    if output is Output.JSON:
-        emit_raw(r.to_json())
-    elif output is Output.JUNIT:
-        emit_raw(r.to_junit())
-    elif output is Output.SARIF:
-        emit_raw(r.to_sarif())
-    else:
-        from rich.console import Group, RenderableType
-        from rich.text import Text
-
-        from ckptinspect.render.text import render_findings, status_text
-
-        report = r.report
-        head = Text.assemble(("verdict: ", "bold"), status_text(report.status),
-                             f"   {report.files_checked} file(s) checked, {report.bytes_hashed} bytes hashed")
-        parts: list[RenderableType] = [head]
-        if report.findings:
-            parts.append(render_findings(list(report.findings)))
-        emit_text(Group(*parts))

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from ckptinspect.progress import ProgressHook
 from ckptinspect.errors import BrokenSaveDir, CkptInspectError, UsageError
-from ckptinspect.findings import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, FailOn, Finding, Severity
+from ckptinspect.findings import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, FailOn, Finding
 
 
 class Output(str, enum.Enum):
@@ -151,18 +151,13 @@ def _broken(e: BrokenSaveDir, json_command: str | None, sarif_command: str | Non
     """A save dir with nothing to pick: findings, exit 1 (a broken checkpoint is never a usage error)."""
     findings = [f for f in e.findings if isinstance(f, Finding)]
     if sarif_command is not None:
-        from ckptinspect.findings import status_of
-        from ckptinspect.render.sarif import sarif_document, sarif_text
+        from ckptinspect.render.sarif import broken_save_dir_sarif
 
-        root = next((f.path for f in findings if f.path), None) or "."
-        emit_raw(sarif_text(sarif_document(sarif_command, root, status_of(findings), findings)))
+        emit_raw(broken_save_dir_sarif(sarif_command, findings))
     elif json_command is not None:
-        from ckptinspect.findings import status_of
-        from ckptinspect.render.json_doc import dumps, envelope, findings_list
+        from ckptinspect.render.json_doc import broken_save_dir_json
 
-        emit_raw(dumps(envelope(json_command, {"path": findings[0].path if findings else None,
-                                               "status": status_of(findings).value,
-                                               "findings": findings_list(findings)})))
+        emit_raw(broken_save_dir_json(json_command, findings))
     else:
         err = console(stderr=True)
         err.print(Text(str(e), style="red"))
@@ -205,10 +200,24 @@ def progress_bar(enabled: bool, description: str, mode: ProgressMode = ProgressM
         yield hook
 
 
-def only(output: Output, allowed: tuple[Output, ...]) -> None:
-    if output not in allowed:
-        usage_exit(f"--output {output.value} is not available for this command "
-                   f"(use {' | '.join(o.value for o in allowed)})")
+def only(output: Output, allowed: Iterable[str | Output]) -> None:
+    """Exit 2 before any work when the command's result does not render in `output` (`allowed`: its `OUTPUTS`)."""
+    names = [a.value if isinstance(a, Output) else a for a in allowed]
+    if output.value not in names:
+        usage_exit(f"--output {output.value} is not available for this command (use {' | '.join(names)})")
+
+
+def emit_result(result: Any, output: Output, **text_options: Any) -> None:
+    """Print `result` in `output`: every command renders through this one door (the result renders itself:
+    `to_text(**text_options)`, `to_json()`, `to_markdown()`, `to_junit()`, `to_sarif()`)."""
+    if output is Output.TEXT:
+        out = result.to_text(**text_options)
+        if isinstance(out, str):
+            emit_raw(out)
+        else:
+            emit_text(out)
+    else:
+        emit_raw(getattr(result, f"to_{output.value}")())
 
 
 def json_command(output: Output, command: str) -> str | None:

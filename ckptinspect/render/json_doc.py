@@ -226,3 +226,11 @@ def info_doc(c: Checkpoint, s: Summary) -> dict[str, Any]:
         "summary": s.to_dict(),
         "findings": findings_list(c.findings),
     })
+
+
+def broken_save_dir_json(command: str, findings: list[Finding]) -> str:
+    """The JSON document of a command whose save dir has no checkpoint to pick (`BrokenSaveDir`): its findings."""
+    from ckptinspect.findings import status_of
+
+    return dumps(envelope(command, {"path": findings[0].path if findings else None,
+                                    "status": status_of(findings).value, "findings": findings_list(findings)}))

@@ -328,3 +328,11 @@ def sarif_text(doc: Mapping[str, Any]) -> str:
     from ckptinspect.render.json_doc import dumps
 
     return dumps(doc) + "\n"
+
+
+def broken_save_dir_sarif(command: str, findings: list[Finding]) -> str:
+    """The SARIF log of a command whose save dir has no checkpoint to pick (`BrokenSaveDir`): its findings."""
+    from ckptinspect.findings import status_of
+
+    root = next((f.path for f in findings if f.path), None) or "."
+    return sarif_text(sarif_document(command, root, status_of(findings), findings))

@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # type-only: `sniff` must not pay for importing the readers a
     from ckptinspect.formats.sniff import SniffReport
     from ckptinspect.model import Checkpoint
     from ckptinspect.commands.audit.summary import Summary
+    from ckptinspect.commands.coverage.coverage import CoverageReport
+    from ckptinspect.services.integrity_report import ManifestReport
 
 STATUS_STYLE = {
     Status.COMPLETE: "bold green", Status.INCOMPLETE: "bold yellow", Status.CORRUPT: "bold red",
@@ -230,3 +232,23 @@ def render_picture(p: Any) -> RenderableType:
                 cells.append(Text(str(v), style="green"))
         t.add_row(f"{p.row_bounds[i]}:{p.row_bounds[i + 1]}", *cells)
     return t
+
+
+def render_coverage(r: CoverageReport) -> RenderableType:
+    """`coverage`: the per-tensor table, the picture of one tensor's chunk grid when one was asked for, findings."""
+    parts = [render_coverage_table(r.tensors)]
+    if r.picture is not None:
+        parts.append(render_picture(r.picture))
+    if r.findings:
+        parts.append(render_findings(r.findings))
+    return Group(*parts)
+
+
+def render_manifest_report(r: ManifestReport) -> RenderableType:
+    """`manifest verify` / `merge`: the verdict with what was checked, then the findings."""
+    head = Text.assemble(("verdict: ", "bold"), status_text(r.status),
+                         f"   {r.files_checked} file(s) checked, {r.bytes_hashed} bytes hashed")
+    parts: list[RenderableType] = [head]
+    if r.findings:
+        parts.append(render_findings(list(r.findings)))
+    return Group(*parts)
