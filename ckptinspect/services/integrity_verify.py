@@ -189,11 +189,11 @@ def _unlisted(ckpt_dir: Path, listed: Mapping[str, str], manifest: Path, label: 
     except OSError:
         return out
     for entry in entries:
-        if entry.name == MANIFEST_NAME or entry.name in names or _same_file(entry, manifest):
+        if entry.name == MANIFEST_NAME or entry.name in names or same_file(entry, manifest):
             continue
         if WRITE_TEMP.match(entry.name):
             out.append(_leftover(entry.name, label))
-        elif stat_entry(_member(ckpt_dir, entry.name))[0] is not None:
+        elif stat_entry(member(ckpt_dir, entry.name))[0] is not None:
             out.append(_f("CK403", f"{entry.name} is not listed in the integrity manifest", entry.name, label))
     return out
 
@@ -214,7 +214,7 @@ def _leftover(name: str, label: str) -> Finding:
               pid=pid, target=m.group("target") if m else None)
 
 
-def _member(ckpt_dir: Path, name: str) -> str | ObjectPath:
+def member(ckpt_dir: Path, name: str) -> str | ObjectPath:
     """What `_hashing` opens for manifest key `name`: ``join(dir, name)`` as Megatron does, or the object."""
     return ckpt_dir / name if isinstance(ckpt_dir, ObjectPath) else os.path.join(ckpt_dir, name)
 
@@ -223,7 +223,7 @@ def _lexists(p: Path) -> bool:
     return p.exists() if isinstance(p, ObjectPath) else os.path.lexists(p)
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
     if isinstance(a, ObjectPath) or isinstance(b, ObjectPath):
         return str(a) == str(b)
     try:
@@ -302,7 +302,7 @@ def _verify(ckpt_dir: Path, manifest: Path | None, shard: tuple[int, int] | None
     results: dict[str, FileResult] = {}
     jobs: list[tuple[str, str | ObjectPath, int]] = []
     for name, expected in mine.items():
-        size, why, code = stat_entry_code(_member(ckpt_dir, name))
+        size, why, code = stat_entry_code(member(ckpt_dir, name))
         if size is None:
             findings.append(_f(code, f"{name}: {why}", name, label, reason=why))
             results[name] = FileResult(name, expected, None, None, False)
@@ -315,7 +315,7 @@ def _verify(ckpt_dir: Path, manifest: Path | None, shard: tuple[int, int] | None
                                expected_sha256=expected, actual=None, size=size, expected_size=known_sizes[name]))
             results[name] = FileResult(name, expected, None, size, False)
         elif hash_files:
-            jobs.append((name, _member(ckpt_dir, name), size))
+            jobs.append((name, member(ckpt_dir, name), size))
         else:
             results[name] = FileResult(name, expected, None, size, False)  # not hashed: no claim either way
 

@@ -82,7 +82,7 @@ class FileScan(ContainerScan):
             return None
         with f:
             size = file_size(f)
-            where = Where(label, subject, _join_rel(rel, p.name), 0, size, code)
+            where = Where(label, subject, join_rel(rel, p.name), 0, size, code)
             if size > MAX_PICKLE_BYTES:
                 self.bound(where, f"pickle of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte bound")
                 return None
@@ -103,7 +103,7 @@ class FileScan(ContainerScan):
             return
         with f:
             size = file_size(f)
-            where = Where(label, subject, _join_rel(rel, p.name), 0, size, "CK206")
+            where = Where(label, subject, join_rel(rel, p.name), 0, size, "CK206")
             try:
                 self.container(f, where)
             except OSError as e:
@@ -114,7 +114,7 @@ class FileScan(ContainerScan):
                   window: list[tuple[int, int]] | None = None) -> None:
         """A `.distcp`: every stored item `.metadata` places in it, then (`gaps`) the bytes no item covers.
         `window`: the items' (offset, length) ranges, when the caller has them already."""
-        file_rel = _join_rel(rel, name)
+        file_rel = join_rel(rel, name)
         if not gaps and window is None:
             window = [(it.offset, it.length) for _, it in items]
         f = self.open_regular(p, None if gaps else window)
@@ -228,7 +228,7 @@ def stored_items(tensors: Iterable[Tensor], objects: Iterable[ObjectItem],
 # --- helpers -------------------------------------------------------------------------------------------------------
 
 
-def _items_by_file(data: bytes, bounds: dict[tuple[str, int], int] | None = None
+def items_by_file(data: bytes, bounds: dict[tuple[str, int], int] | None = None
                    ) -> dict[str, list[tuple[str, StoredItem]]]:
     """Stored items of a `.metadata` (read with the allowlisting unpickler: nothing is executed), by file; `bounds`
     as for `stored_items`."""
@@ -255,5 +255,5 @@ def _gaps(covered: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int]
         yield pos, size
 
 
-def _join_rel(rel: str, name: str) -> str:
+def join_rel(rel: str, name: str) -> str:
     return f"{rel}/{name}" if rel else name

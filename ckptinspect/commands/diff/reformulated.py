@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ckptinspect.commands.diff.values import (
-    ChunkSource, ValueComparison, _Acc, _box, _compare_box, open_chunk, supported,
+    ChunkSource, ValueComparison, Acc, chunk_box, compare_box, open_chunk, supported,
 )
 from ckptinspect.errors import ReadError
 from ckptinspect.model import Tensor
@@ -41,7 +41,7 @@ def _assemble(t: Tensor, src: ChunkSource) -> npt.NDArray[Any]:
     out = np.zeros(t.shape, dtype=arrays[0][1].dtype)
     covered = 0
     for c, arr in arrays:
-        lo, hi = _box(c)
+        lo, hi = chunk_box(c)
         out[tuple(slice(a, b) for a, b in zip(lo, hi))] = arr
         covered += math.prod(c.sizes)
     if covered != math.prod(t.shape):
@@ -69,8 +69,8 @@ def compare_logical(a: Tensor, a_src: ChunkSource, b: Tensor, b_src: ChunkSource
         raise ReadError(f"N-D reformulated tensor of {numel} elements: larger than the {MAX_ELEMENTS} assembled "
                         "in memory for a comparison in its original shape")
     xa, xb = _assemble(a, a_src), _assemble(b, b_src)
-    acc = _Acc()
+    acc = Acc()
     zero = (0,) * len(shape)
-    _compare_box(xa, zero, xb, zero, (zero, tuple(shape)), a.dtype, acc)
+    compare_box(xa, zero, xb, zero, (zero, tuple(shape)), a.dtype, acc)
     return ValueComparison(a.key, acc.compared, numel - acc.compared, acc.mismatched, acc.max_diff, acc.first,
                            acc.a_value, acc.b_value)

@@ -134,11 +134,11 @@ def compare_tensor_values(
     why = supported(a.dtype)
     if why is not None:
         raise ReadError(why)
-    acc = _Acc()
+    acc = Acc()
     itemsize = dtype_size(a.dtype) or 0
-    b_boxes = [(_box(c), c) for c in b.chunks]
+    b_boxes = [(chunk_box(c), c) for c in b.chunks]
     for ca in a.chunks:
-        box_a = _box(ca)
+        box_a = chunk_box(ca)
         arr_a: npt.NDArray[Any] | None = None
         for box_b, cb in b_boxes:
             inter = _intersect(box_a, box_b)
@@ -147,7 +147,7 @@ def compare_tensor_values(
             if arr_a is None:
                 arr_a = open_chunk(a_src, ca, a.dtype)
             arr_b = open_chunk(b_src, cb, b.dtype)
-            _compare_box(arr_a, box_a[0], arr_b, box_b[0], inter, a.dtype, acc)
+            compare_box(arr_a, box_a[0], arr_b, box_b[0], inter, a.dtype, acc)
             del arr_b
         del arr_a
         if advance is not None:
@@ -256,7 +256,7 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _box(c: Chunk) -> Box:
+def chunk_box(c: Chunk) -> Box:
     return tuple(c.offsets), tuple(o + s for o, s in zip(c.offsets, c.sizes))
 
 
@@ -268,7 +268,7 @@ def _intersect(x: Box, y: Box) -> Box | None:
     return lo, hi  # for 0-dim tensors ((), ()): the one chunk always overlaps
 
 
-class _Acc:
+class Acc:
     """Running totals of one tensor's comparison."""
 
     __slots__ = ("compared", "mismatched", "max_diff", "first", "a_value", "b_value")
@@ -314,8 +314,8 @@ def _collapse(va: npt.NDArray[Any], vb: npt.NDArray[Any]) -> tuple[npt.NDArray[A
     return va, vb, weight
 
 
-def _compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDArray[Any], off_b: tuple[int, ...],
-                 inter: Box, dtype: str, acc: _Acc) -> None:
+def compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDArray[Any], off_b: tuple[int, ...],
+                 inter: Box, dtype: str, acc: Acc) -> None:
     kind = _NUMPY.get(dtype, ("", ValueKind.BITS))[1]
     lo0, hi0 = inter
     va, vb, weight = _collapse(arr_a[tuple(slice(l - o, h - o) for l, h, o in zip(lo0, hi0, off_a))],

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.services.integrity_hashing import ALGORITHM, hash_many, stat_entry_code
-from ckptinspect.services.integrity_verify import MANIFEST_NAME, WRITE_TEMP, _member, _same_file, write_leftovers
+from ckptinspect.services.integrity_verify import MANIFEST_NAME, WRITE_TEMP, member, same_file, write_leftovers
 from ckptinspect.errors import UNREAD_CODE, ReadError, UsageError, read_code
 from ckptinspect.io.local import probe_dir, unread_scope
 from ckptinspect.progress import ProgressHook
@@ -45,10 +45,10 @@ def _listing(ckpt_dir: Path, out: Path, recursive: bool) -> list[tuple[str, str 
     def keep(p: Path) -> bool:
         if WRITE_TEMP.match(p.name):
             return False
-        return p.is_file() and not _same_file(p, out)  # is_file follows symlinks, as Megatron's writer does
+        return p.is_file() and not same_file(p, out)  # is_file follows symlinks, as Megatron's writer does
 
     top: list[tuple[str, str | ObjectPath]] = [
-        (p.name, _member(ckpt_dir, p.name)) for p in sorted(ckpt_dir.iterdir(), key=str)
+        (p.name, member(ckpt_dir, p.name)) for p in sorted(ckpt_dir.iterdir(), key=str)
         if p.name != MANIFEST_NAME and keep(p)]
     if not recursive:
         return top

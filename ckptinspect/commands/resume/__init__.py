@@ -1,7 +1,7 @@
 """`resume`: predict what a Megatron resume with another topology restores, drops, or fails on.
 
 `predict_resume(ckpt, target)` runs the decision table `RULES` over facts derived once from the checkpoint
-(`_facts`). Each rule models one branch of Megatron's load path and names it in `source`. Sources read:
+(`derive_facts`). Each rule models one branch of Megatron's load path and names it in `source`. Sources read:
 [LM] Megatron-LM `megatron/training/checkpointing.py` @0032978f (`load_checkpoint`, `check_checkpoint_args`),
 [tok] `megatron/training/tokenizer/tokenizer.py` @00ee9667 (`build_tokenizer`, `_vocab_size_with_padding`),
 [mc] megatron-core 0.16.1 as installed (file:line).
@@ -11,8 +11,8 @@ run shows every problem. Components are predicted independently: Megatron's load
 `fails` means nothing is restored (verdict `fails`), but the other outcomes say what a fixed run would do.
 
 This package re-exports the public API; the modules, in import order:
-`model` (enums, frozen result values, `verdict_of`) → `vocab` (padded vocabulary prediction) → `facts` (`_Facts`,
-layouts, divisibility problems) → `conditions` (one test per rule) → `rules` (`Rule`, `RULES`, `_apply`) →
+`model` (enums, frozen result values, `verdict_of`) → `vocab` (padded vocabulary prediction) → `facts` (`ResumeFacts`,
+layouts, divisibility problems) → `conditions` (one test per rule) → `rules` (`Rule`, `RULES`, `apply_rules`) →
 `predict` (`predict_resume`).
 """
 

@@ -1,7 +1,7 @@
 """The conditions of the rule table: one function per rule, returning the reason when it fires, else None.
 
 Owns every `_m_*` (model), `_o_*` (optimizer), `_r_*` (rng), `_x_*` (rerun state), `_s_*` (scheduler) and `_i_*`
-(iteration) test, the shared `_release` / `_loaded`, the vocabulary failure texts, and the DistributedOptimizer
+(iteration) test, the shared `is_release` / `loaded`, the vocabulary failure texts, and the DistributedOptimizer
 sharding sets. Which outcome each condition sets, and its source, is in `rules.RULES`.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ckptinspect.commands.resume.facts import RerunState, _Facts
+from ckptinspect.commands.resume.facts import RerunState, ResumeFacts
 from ckptinspect.formats.args_values import arg_flag, arg_int, arg_text
 from ckptinspect.model import ShardedBackend
 
@@ -19,23 +19,23 @@ FULLY_RESHARDABLE = frozenset({"fully_reshardable", "fully_sharded_model_space",
 DISTOPT_TYPES = FULLY_RESHARDABLE | {"dp_reshardable", "dp_zero_gather_scatter"}
 
 
-def _m_unreadable(f: _Facts) -> str | None:
+def m_unreadable(f: ResumeFacts) -> str | None:
     return "the checkpoint does not read cleanly, so Megatron's load fails too: " + "; ".join(f.broken[:3]) \
         if f.broken else None
 
 
-def _m_zarr(f: _Facts) -> str | None:
+def m_zarr(f: ResumeFacts) -> str | None:
     if f.ckpt.sharded_backend is not ShardedBackend.ZARR:
         return None
     return ("saved with the zarr backend (megatron-core <=0.15); 0.16 removed the zarr load strategy (PR #2944), so "
             "dist_checkpointing.load finds no strategy for it: load and re-save it with megatron-core 0.15 as torch_dist")
 
 
-def _m_topology(f: _Facts) -> str | None:
+def m_topology(f: ResumeFacts) -> str | None:
     return "the target run cannot start: " + "; ".join(f.problems) if f.problems else None
 
 
-def _m_legacy_split(f: _Facts) -> str | None:
+def m_legacy_split(f: ResumeFacts) -> str | None:
     if not f.legacy or not (f.split_changed or f.ep_changed or f.vpp_changed):
         return None
     version = f.common.get("checkpoint_version")
@@ -55,7 +55,7 @@ def _m_legacy_split(f: _Facts) -> str | None:
             "reshard: convert it offline (tools/checkpoint/convert.py, or to torch_dist)")
 
 
-def _suggestion(f: _Facts) -> str:
+def _suggestion(f: ResumeFacts) -> str:
     v = f.vocab
     assert v is not None  # only called by the vocab rules, which checked it
     best, m_saved = v.suggestion, arg_int(f.args, "make_vocab_size_divisible_by")
@@ -79,7 +79,7 @@ def _suggestion(f: _Facts) -> str:
     return text
 
 
-def _vocab_fail(f: _Facts, rows: str) -> str:
+def _vocab_fail(f: ResumeFacts, rows: str) -> str:
     v = f.vocab
     assert v is not None
     keys = ", ".join(v.keys) or "the word embedding and output layer"
@@ -92,7 +92,7 @@ def _vocab_fail(f: _Facts, rows: str) -> str:
             f"vocabulary {v.vocab_source}); {raises}. {_suggestion(f)}")
 
 
-def _m_vocab(f: _Facts) -> str | None:
+def m_vocab(f: ResumeFacts) -> str | None:
     v = f.vocab
     if v is None or v.predicted is None or v.predicted == v.saved:
         return None
@@ -100,20 +100,20 @@ def _m_vocab(f: _Facts) -> str | None:
     return _vocab_fail(f, rows)
 
 
-def _m_vocab_unknown(f: _Facts) -> str | None:
+def m_vocab_unknown(f: ResumeFacts) -> str | None:
     v = f.vocab
     if v is None or v.predicted is not None:
         return None
     return "cannot tell without the tokenizer's vocabulary size: " + _vocab_fail(f, str(v.note))
 
 
-def _m_args(f: _Facts) -> str | None:
+def m_args(f: ResumeFacts) -> str | None:
     if f.t.finetune or not f.arg_mismatch:
         return None
     return "check_checkpoint_args raises AssertionError: " + "; ".join(f.arg_mismatch)
 
 
-def _m_reshard(f: _Facts) -> str | None:
+def m_reshard(f: ResumeFacts) -> str | None:
     if f.legacy or not f.layout_changed:
         return None
     how = []
@@ -126,34 +126,34 @@ def _m_reshard(f: _Facts) -> str | None:
             + "".join(f"; {h}" for h in how) + ")")
 
 
-def _m_load(f: _Facts) -> str | None:
+def m_load(f: ResumeFacts) -> str | None:
     return f"same (TP, PP) split {f.src.tp}×{f.src.pp}: every rank reads the slices it had" + (
         " (DP replicas read the same slices)" if f.dp_changed else "")
 
 
-def _o_absent(f: _Facts) -> str | None:
+def o_absent(f: ResumeFacts) -> str | None:
     if f.has_optimizer or not (f.skip_flag(True) or f.release):
         return None
     return "the checkpoint holds no optimizer state (saved with --no-save-optim)"
 
 
-def _o_skip(f: _Facts) -> str | None:
+def o_skip(f: ResumeFacts) -> str | None:
     flag = f.skip_flag(True)
     return f"{flag}: load_checkpoint neither requests (gen_sd_optim = None) nor loads the optimizer" if flag else None
 
 
-def _release(f: _Facts) -> str | None:
+def is_release(f: ResumeFacts) -> str | None:
     return "release checkpoint: load_checkpoint gates it on `not release` and never restores it" if f.release else None
 
 
-def _o_missing(f: _Facts) -> str | None:
+def o_missing(f: ResumeFacts) -> str | None:
     return None if f.has_optimizer else (
         "the checkpoint holds no optimizer state (saved with --no-save-optim), yet load_checkpoint calls "
         "optimizer.load_state_dict(state_dict['optimizer']) → KeyError, 'Unable to load optimizer from checkpoint "
         "… Specify --no-load-optim or --finetune'")
 
 
-def _o_flattened(f: _Facts) -> str | None:
+def o_flattened(f: ResumeFacts) -> str | None:
     if f.legacy or not f.flattened:
         return None
     return (f"{f.sharding} optimizer state is stored flattened (N-D reformulated, mcore_data; Megatron-Core ≤0.15): "
@@ -163,14 +163,14 @@ def _o_flattened(f: _Facts) -> str | None:
             "mapping.py:133-134). Re-save it with megatron-core ≤0.15 as fully_reshardable, or --no-load-optim")
 
 
-def _o_legacy_split(f: _Facts) -> str | None:
+def o_legacy_split(f: ResumeFacts) -> str | None:
     if not f.legacy or not (f.split_changed or f.ep_changed or f.vpp_changed):
         return None
     return (f"legacy optimizer state belongs to the saved (TP, PP) shards (model_optim_rng.pt, distrib_optim.pt "
             f"buffers of that split): {f.tp_pp()} has no loader for it")
 
 
-def _o_legacy_missing(f: _Facts) -> str | None:
+def o_legacy_missing(f: ResumeFacts) -> str | None:
     if not f.legacy or not arg_flag(f.args, "use_distributed_optimizer"):
         return None
     shards: Mapping[str, Any] = f.ckpt.shard_files
@@ -179,7 +179,7 @@ def _o_legacy_missing(f: _Facts) -> str | None:
             "load_parameter_state torch.loads it → FileNotFoundError") if missing else None
 
 
-def _o_split_fixed(f: _Facts) -> str | None:
+def o_split_fixed(f: ResumeFacts) -> str | None:
     if f.legacy or not f.split_changed or f.sharding not in DISTOPT_TYPES - FULLY_RESHARDABLE:
         return None
     return (f"RuntimeError '(TP, PP) mismatch after resume ({f.dst.tp}, {f.dst.pp}) vs ({f.src.tp}, {f.src.pp}) from "
@@ -189,7 +189,7 @@ def _o_split_fixed(f: _Facts) -> str | None:
             "or --no-load-optim")
 
 
-def _o_expert_split(f: _Facts) -> str | None:
+def o_expert_split(f: ResumeFacts) -> str | None:
     if f.legacy or (f.src.ep > 1) == (f.dst.ep > 1) or not f.has_optimizer:
         return None
     return (f"EP {f.src.ep} → {f.dst.ep}: expert params get their own chained DistributedOptimizer only when EP > 1 "
@@ -200,7 +200,7 @@ def _o_expert_split(f: _Facts) -> str | None:
             "Use --no-load-optim")
 
 
-def _o_ep_fixed(f: _Facts) -> str | None:
+def o_ep_fixed(f: ResumeFacts) -> str | None:
     if f.legacy or not (f.ep_changed or f.etp_changed) or f.sharding not in DISTOPT_TYPES - FULLY_RESHARDABLE:
         return None
     if not f.etp_changed and (f.src.ep > 1) != (f.dst.ep > 1):
@@ -213,7 +213,7 @@ def _o_ep_fixed(f: _Facts) -> str | None:
             "(TP, PP) guard; inferred from sharded_param_state_dp_reshardable, [mc] distrib_optimizer.py:1603-1687)")
 
 
-def _o_vpp_fixed(f: _Facts) -> str | None:
+def o_vpp_fixed(f: ResumeFacts) -> str | None:
     if f.legacy or not f.vpp_changed or f.sharding not in DISTOPT_TYPES - FULLY_RESHARDABLE:
         return None
     return (f"VPP {f.src.vpp} → {f.dst.vpp} with {f.sharding}: the DistributedOptimizer keeps one grad buffer per "
@@ -222,7 +222,7 @@ def _o_vpp_fixed(f: _Facts) -> str | None:
             "load_checkpoint's (TP, PP) guard). Save with --dist-ckpt-optim-fully-reshardable, or --no-load-optim")
 
 
-def _o_reshard(f: _Facts) -> str | None:
+def o_reshard(f: ResumeFacts) -> str | None:
     if not f.layout_changed:
         return None
     if f.sharding in FULLY_RESHARDABLE:
@@ -232,7 +232,7 @@ def _o_reshard(f: _Facts) -> str | None:
             f"([mc] dist_checkpointing/optimizer.py), so it reshards with them for {f.tp_pp()}")
 
 
-def _o_dp(f: _Facts) -> str | None:
+def o_dp(f: ResumeFacts) -> str | None:
     if not f.dpcp_changed:
         return None
     dp = f.dp_cp()
@@ -250,14 +250,14 @@ def _o_dp(f: _Facts) -> str | None:
     return None
 
 
-def _loaded(f: _Facts) -> str | None:
+def loaded(f: ResumeFacts) -> str | None:
     if f.dst.cp != f.src.cp and not f.dpcp_changed:
         return (f"{f.dp_cp()}: the DistributedOptimizer shards over the DP×CP group, whose size is unchanged, so "
                 "every rank reads the range it wrote")
     return "same split: restored as saved"
 
 
-def _r_absent(f: _Facts) -> str | None:
+def r_absent(f: ResumeFacts) -> str | None:
     # torch_dist requests rng_state only with an unchanged (TP, PP) and no ckpt_args.no_save_rng; legacy always reads.
     quiet = not f.legacy and (f.split_changed or arg_flag(f.args, "no_save_rng"))
     if f.has_rng or not (f.skip_flag(False) or f.release or quiet):
@@ -265,13 +265,13 @@ def _r_absent(f: _Facts) -> str | None:
     return "the checkpoint holds no rng state (saved with --no-save-rng)"
 
 
-def _r_skip(f: _Facts) -> str | None:
+def r_skip(f: ResumeFacts) -> str | None:
     flag = f.skip_flag(False)
     return f"{flag}: load_checkpoint neither requests (gen_sd_rng_state = None) nor restores the rng state" \
         if flag else None
 
 
-def _r_missing(f: _Facts) -> str | None:
+def r_missing(f: ResumeFacts) -> str | None:
     if f.has_rng:
         return None
     if f.legacy:
@@ -281,13 +281,13 @@ def _r_missing(f: _Facts) -> str | None:
             "for an unchanged (TP, PP) and the load fails on the missing keys; pass --no-load-rng")
 
 
-def _r_legacy_split(f: _Facts) -> str | None:
+def r_legacy_split(f: ResumeFacts) -> str | None:
     if not f.legacy or not (f.split_changed or f.ep_changed):
         return None
     return f"legacy rng states live in the shard files of the saved split; {f.tp_pp()} cannot load them"
 
 
-def _r_split(f: _Facts) -> str | None:
+def r_split(f: ResumeFacts) -> str | None:
     if not f.split_changed:
         return None
     return (f"'(TP, PP) mismatch after resume ({f.dst.tp}, {f.dst.pp} vs {f.src.tp}, {f.src.pp} from checkpoint): "
@@ -295,7 +295,7 @@ def _r_split(f: _Facts) -> str | None:
             "(a ShardedObject on the (PP, TP) grid cannot be resharded); dropout streams restart from the seed")
 
 
-def _r_ep_grid(f: _Facts) -> str | None:
+def r_ep_grid(f: ResumeFacts) -> str | None:
     if f.legacy or f.split_changed:
         return None
     s, d = f.src, f.dst
@@ -308,7 +308,7 @@ def _r_ep_grid(f: _Facts) -> str | None:
             "rng_state shards (load_checkpoint requests rng_state whenever (TP, PP) match). Pass --no-load-rng")
 
 
-def _r_dp_init(f: _Facts) -> str | None:
+def r_dp_init(f: ResumeFacts) -> str | None:
     if not arg_flag(f.args, "data_parallel_random_init") or f.dst.dp is None:
         return None
     saved = f.common.get("rng_state")
@@ -319,31 +319,31 @@ def _r_dp_init(f: _Facts) -> str | None:
             f"rng_state[dp_rank] up to DP rank {f.dst.dp - 1} → IndexError (only KeyError is caught)")
 
 
-def _r_load(f: _Facts) -> str | None:
+def r_load(f: ResumeFacts) -> str | None:
     return "same (TP, PP): every rank restores its " + (
         "shard file's rng_state[0]" if f.legacy else "rng_state/shard_{pp}.{tp} cell") + (
         " (the DP replicas share it)" if f.dp_changed else "")
 
 
-def _x_absent(f: _Facts) -> str | None:
+def x_absent(f: ResumeFacts) -> str | None:
     if f.rerun is not RerunState.ABSENT:
         return None
     return ("not saved for the legacy format (RerunStateMachine.state_dict returns None for non-torch_dist)"
             if f.legacy else "no rerun_state_machine in the common state (rerun mode disabled, or never saved)")
 
 
-def _x_finetune(f: _Facts) -> str | None:
+def x_finetune(f: ResumeFacts) -> str | None:
     return "--finetune: load_checkpoint does not request the rerun state" if f.t.finetune else None
 
 
-def _x_idle(f: _Facts) -> str | None:
+def x_idle(f: ResumeFacts) -> str | None:
     if f.rerun is not RerunState.IDLE:
         return None
     return ("the saved rerun state machine was idle (RerunState.NOT_RUNNING_YET): validate_state_dict returns "
             "False, so Megatron never restores it, whatever the topology — nothing to restore")
 
 
-def _x_changed(f: _Facts) -> str | None:
+def x_changed(f: ResumeFacts) -> str | None:
     a = f.args
     if not (arg_int(a, "world_size") and arg_int(a, "data_parallel_size")):
         why = "the checkpoint args lack world_size / data_parallel_size, and getattr(..., 0) never matches the run's"
@@ -354,43 +354,43 @@ def _x_changed(f: _Facts) -> str | None:
     return f"'Job sharding has changed: Rerun state will be ignored' (load_checkpoint): {why}"
 
 
-def _s_absent(f: _Facts) -> str | None:
+def s_absent(f: ResumeFacts) -> str | None:
     if f.has_scheduler or not (f.skip_flag(True) or f.release):
         return None
     return "the checkpoint holds no opt_param_scheduler (saved with --no-save-optim)"
 
 
-def _s_skip(f: _Facts) -> str | None:
+def s_skip(f: ResumeFacts) -> str | None:
     flag = f.skip_flag(True)
     return (f"{flag}: the scheduler is restored in the same `not release and not args.finetune and not "
             "args.no_load_optim` block of load_checkpoint as the optimizer") if flag else None
 
 
-def _s_missing(f: _Facts) -> str | None:
+def s_missing(f: ResumeFacts) -> str | None:
     return None if f.has_scheduler else (
         "no opt_param_scheduler in the checkpoint: load_checkpoint reads state_dict['opt_param_scheduler'] → "
         "KeyError ('Unable to load optimizer … Specify --no-load-optim or --finetune')")
 
 
-def _s_load(f: _Facts) -> str | None:
+def s_load(f: ResumeFacts) -> str | None:
     return "opt_param_scheduler.load_state_dict: sample-based counters, independent of the topology"
 
 
-def _i_finetune(f: _Facts) -> str | None:
+def i_finetune(f: ResumeFacts) -> str | None:
     return ("--finetune: iteration = 0, and consumed_train_samples is not restored (check_checkpoint_args block "
             "skipped)") if f.t.finetune else None
 
 
-def _i_release(f: _Facts) -> str | None:
+def i_release(f: ResumeFacts) -> str | None:
     return "release checkpoint: load_checkpoint starts at iteration 0" if f.release else None
 
 
-def _i_missing(f: _Facts) -> str | None:
+def i_missing(f: ResumeFacts) -> str | None:
     return None if f.has_iteration else (
         "no 'iteration' (nor 'total_iters'): 'A metadata file exists but unable to load iteration … exiting'")
 
 
-def _i_load(f: _Facts) -> str | None:
+def i_load(f: ResumeFacts) -> str | None:
     it = f.ckpt.iteration if f.ckpt.iteration is not None else f.common.get("iteration", f.common.get("total_iters"))
     consumed = arg_int(f.args, "consumed_train_samples") or 0
     return f"iteration {it}; consumed_train_samples {consumed} from the checkpoint args"

@@ -1,7 +1,7 @@
 """Facts derived once from a checkpoint and a target, which every rule of the decision table reads.
 
-Owns `_Facts`, the saved and resumed `Layout`s (`_layouts`), the divisibility problems of the target topology
-(`_problems`), the rerun state machine's state (`_rerun`), and `_facts`, which assembles them (the vocabulary
+Owns `ResumeFacts`, the saved and resumed `Layout`s (`_layouts`), the divisibility problems of the target topology
+(`_problems`), the rerun state machine's state (`_rerun`), and `derive_facts`, which assembles them (the vocabulary
 prediction comes from `vocab`).
 """
 
@@ -16,7 +16,7 @@ from ckptinspect.findings import Severity
 from ckptinspect.model import Checkpoint, Format, StrEnum
 from ckptinspect.commands.resume.model import Layout, ResumeTarget, VocabPrediction
 from ckptinspect.formats.args_values import arg_flag, arg_int, arg_text
-from ckptinspect.commands.resume.vocab import _vocab
+from ckptinspect.commands.resume.vocab import predict_vocab
 
 # build_tokenizer asserts `args.vocab_file is not None` for these [tok], so check_checkpoint_args' vocab branch runs.
 VOCAB_FILE_TOKENIZERS = frozenset({"GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase"})
@@ -34,7 +34,7 @@ class RerunState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class _Facts:
+class ResumeFacts:
     ckpt: Checkpoint
     t: ResumeTarget
     args: Mapping[str, Any]
@@ -179,7 +179,7 @@ def _rerun(common: Mapping[str, Any]) -> RerunState:
     return RerunState.IDLE if text in ("0", "NOT_RUNNING_YET", "RerunState.NOT_RUNNING_YET") else RerunState.PENDING
 
 
-def _facts(ckpt: Checkpoint, t: ResumeTarget) -> _Facts:
+def derive_facts(ckpt: Checkpoint, t: ResumeTarget) -> ResumeFacts:
     a: Mapping[str, Any] = ckpt.args or {}
     common: Mapping[str, Any] = ckpt.common or {}
     legacy = ckpt.format is Format.TORCH
@@ -188,7 +188,7 @@ def _facts(ckpt: Checkpoint, t: ResumeTarget) -> _Facts:
     if not ckpt.args:
         notes.append("checkpoint has no args: divisibility and check_checkpoint_args not evaluated")
     broken = tuple(f"{f.code} {f.message}" for f in ckpt.findings if f.severity is Severity.ERROR)
-    vocab = _vocab(ckpt, a, src, t)
+    vocab = predict_vocab(ckpt, a, src, t)
     mismatch: list[str] = []
     m_saved = arg_int(a, "make_vocab_size_divisible_by")
     vocab_file = bool(arg_text(a, "vocab_file")) or arg_text(a, "tokenizer_type") in VOCAB_FILE_TOKENIZERS
@@ -202,7 +202,7 @@ def _facts(ckpt: Checkpoint, t: ResumeTarget) -> _Facts:
                                                      or ckpt.optimizer_sharding is not None)
     has_rng = (any(o.family.endswith("rng_state") for o in ckpt.objects) if not legacy
                else "rng_state" in common or "random_rng_state" in common)
-    return _Facts(
+    return ResumeFacts(
         ckpt, t, a, common, src, dst, legacy, PurePath(ckpt.path).name == "release", broken,
         tuple(_problems(a, src, dst)), vocab, tuple(mismatch), vocab_file, ckpt.optimizer_sharding,
         bool(ckpt.reformulated) or ckpt.optimizer_sharding == "fully_sharded_model_space",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from ckptinspect.errors import UsageError
 from ckptinspect.formats.args_values import arg_int
 from ckptinspect.model import Checkpoint, Format
-from ckptinspect.commands.resume.conditions import _m_unreadable
-from ckptinspect.commands.resume.facts import _facts
+from ckptinspect.commands.resume.conditions import m_unreadable
+from ckptinspect.commands.resume.facts import derive_facts
 from ckptinspect.commands.resume.model import (
     Component, ComponentPrediction, Outcome, ResumePrediction, ResumeTarget, RuleResult, verdict_of,
 )
-from ckptinspect.commands.resume.rules import _apply
+from ckptinspect.commands.resume.rules import apply_rules
 
 
 def predict_resume(ckpt: Checkpoint, target: ResumeTarget) -> ResumePrediction:
@@ -32,15 +32,15 @@ def predict_resume(ckpt: Checkpoint, target: ResumeTarget) -> ResumePrediction:
     if ckpt.format in (Format.TORCH_DCP, Format.FSDP_DTENSOR):
         raise UsageError(f"{ckpt.path}: resume predicts Megatron torch_dist and legacy torch checkpoints, "
                          f"not {ckpt.format.value}")
-    f = _facts(ckpt, target)
+    f = derive_facts(ckpt, target)
     if ckpt.format is None:
         nothing = ComponentPrediction(Outcome.ABSENT, "no readable checkpoint", "unrecognized")
         components = {c: nothing for c in Component}
         components[Component.MODEL] = ComponentPrediction(
-            Outcome.FAILS, _m_unreadable(f) or "not a checkpoint of any known format", "model.unreadable")
+            Outcome.FAILS, m_unreadable(f) or "not a checkpoint of any known format", "model.unreadable")
         results: list[RuleResult] = []
     else:
-        components, results = _apply(f)
+        components, results = apply_rules(f)
     v = f.vocab
     source = {**f.src.to_dict(), "format": ckpt.format.value if ckpt.format else None,
               "generation": ckpt.generation, "iteration": ckpt.iteration, "optimizer_sharding": ckpt.optimizer_sharding,

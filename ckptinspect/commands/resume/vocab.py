@@ -1,6 +1,6 @@
 """The padded vocabulary Megatron recomputes for the target TP ([tok] `_vocab_size_with_padding`).
 
-Owns `_vocab` (saved vs predicted padded size, and the `--make-vocab-size-divisible-by` values that keep the saved
+Owns `predict_vocab` (saved vs predicted padded size, and the `--make-vocab-size-divisible-by` values that keep the saved
 size) and `_pad`. The `model.vocab*` rule texts built from its result live in `conditions`.
 """
 
@@ -15,7 +15,7 @@ from ckptinspect.commands.resume.model import Layout, ResumeTarget, VocabCandida
 from ckptinspect.formats.args_values import arg_int
 
 
-def _vocab(ckpt: Checkpoint, a: Mapping[str, Any], src: Layout, t: ResumeTarget) -> VocabPrediction | None:
+def predict_vocab(ckpt: Checkpoint, a: Mapping[str, Any], src: Layout, t: ResumeTarget) -> VocabPrediction | None:
     keys = sorted({x.key for x in ckpt.tensors if not x.key.startswith(("optimizer.", "distrib_optim."))
                    and x.key.endswith(("word_embeddings.weight", "output_layer.weight"))})
     shapes = [x.shape for x in ckpt.tensors if x.key in keys and x.shape]

@@ -35,8 +35,8 @@ from ckptinspect.services.safety_scan import (
     PICKLE_SUFFIXES,
     FileScan,
     ScanReport,
-    _items_by_file,
-    _join_rel,
+    items_by_file,
+    join_rel,
 )
 from ckptinspect.findings import Finding, filter_findings, status_of
 from ckptinspect.formats.savedir import join_label
@@ -82,7 +82,7 @@ class _Scan(FileScan):
         for name, p, is_dir in entries:
             if not is_dir:
                 continue
-            sub_rel = _join_rel(rel, name)
+            sub_rel = join_rel(rel, name)
             if _ITER_NAME.match(name):
                 # An iteration dir of a save dir is a checkpoint of its own: findings name it, as `audit` does.
                 self.tree(p, sub_rel, join_label(self.label, sub_rel), sub_rel, depth + 1)
@@ -99,7 +99,7 @@ class _Scan(FileScan):
                 if name == ".metadata" and data is not None:
                     # Located with the allowlisting unpickler (nothing runs), and only after the walk found the
                     # pickle whole and within bounds: the C unpickler has no bound of its own on memo indices.
-                    items = _items_by_file(data, self.bounds)
+                    items = items_by_file(data, self.bounds)
         for name in sorted(files):
             p = files[name]
             if name.endswith(PICKLE_SUFFIXES):
@@ -108,7 +108,7 @@ class _Scan(FileScan):
                 if items and name not in items:
                     self.findings.append(Finding(
                         "CK204", f"{prefix}{name}: data file not referenced by .metadata (stale leftover?); scanned "
-                        "by its zip headers", prefix + name, label, {"file": _join_rel(rel, name)}))
+                        "by its zip headers", prefix + name, label, {"file": join_rel(rel, name)}))
                 self.data_file(p, rel, label, prefix, name, items.get(name, []))
         for name in sorted(set(items) - set(files)):
             # `.metadata` may name files in sub-directories (relative_path with a '/'), or outside the checkpoint
@@ -118,7 +118,7 @@ class _Scan(FileScan):
                 self.findings.append(Finding(
                     "CK207", f"{prefix}{name}: .metadata places {len(items[name])} item(s) outside the checkpoint "
                     "dir; DCP would read (and unpickle) them from there", prefix + name, label,
-                    {"file": _join_rel(rel, name), "items": len(items[name])}))
+                    {"file": join_rel(rel, name), "items": len(items[name])}))
             if "/" in name or leaves_dir(name):
                 self.data_file(path / name, rel, label, prefix, name, items[name])
 
