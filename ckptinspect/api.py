@@ -40,6 +40,17 @@ if TYPE_CHECKING:
     from ckptinspect.progress import ProgressHook
 
 PathLike = Union[str, "os.PathLike[str]"]
+StorageOptions = Union[Mapping[str, Any], None]
+"""Options of the object-storage clients (the CLI's `--storage-option`, nested: `{"client_kwargs": {"endpoint_url":
+...}}`). Given, the call starts a fresh storage session with them (no cached listings, zeroed counters); None keeps
+the current session and its options (the CLI's, or those of the last call that set them)."""
+
+
+def _storage(options: StorageOptions) -> None:
+    if options is not None:
+        from ckptinspect.io.session import reset
+
+        reset(options)
 
 
 def _path(path: PathLike) -> tuple[Path, str]:
@@ -62,8 +73,9 @@ def _exists(p: Path, label: str) -> None:
 # --- functions -----------------------------------------------------------------------------------------------------
 
 
-def sniff(path: PathLike) -> SniffResult:
+def sniff(path: PathLike, *, storage_options: StorageOptions = None) -> SniffResult:
     """What `path` is: a save dir or one checkpoint, its format, the evidence, the producer generation."""
+    _storage(storage_options)
     from ckptinspect.formats.resolve import access_guard
     from ckptinspect.formats.sniff import sniff as do_sniff
 
@@ -73,8 +85,9 @@ def sniff(path: PathLike) -> SniffResult:
         return SniffResult(do_sniff(p, label))
 
 
-def read(path: PathLike) -> Checkpoint:
+def read(path: PathLike, *, storage_options: StorageOptions = None) -> Checkpoint:
     """The neutral model of the checkpoint `path` names (metadata only; tensor bytes are never loaded)."""
+    _storage(storage_options)
     from ckptinspect.formats import read_checkpoint
     from ckptinspect.formats.resolve import resolve_checkpoint
 
@@ -83,18 +96,20 @@ def read(path: PathLike) -> Checkpoint:
     return read_checkpoint(ckpt_path, ckpt_label)
 
 
-def ls(path: PathLike) -> LsResult:
+def ls(path: PathLike, *, storage_options: StorageOptions = None) -> LsResult:
     """Every iteration of a save dir with its (metadata-level) status, size, files and whether the tracker names it;
     the tracker's findings (`ckptinspect ls`). A checkpoint dir lists as one row."""
+    _storage(storage_options)
     from ckptinspect.commands.audit.audit import list_save_dir
 
     p, label = _path(path)
     return LsResult(list_save_dir(p, label))
 
 
-def info(path: PathLike) -> InfoResult:
+def info(path: PathLike, *, storage_options: StorageOptions = None) -> InfoResult:
     """The checkpoint as read — format, iteration, topology, optimizer sharding, tensors, objects, files, args —
     with its byte summary and the reader's own findings (`ckptinspect info`; `audit` runs the checks)."""
+    _storage(storage_options)
     from ckptinspect.commands.audit.summary import summarize
 
     ckpt = read(path)
@@ -103,8 +118,9 @@ def info(path: PathLike) -> InfoResult:
 
 def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_iterations: bool = False,
           manifest: PathLike | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
-          progress: ProgressHook | None = None) -> AuditResult:
+          progress: ProgressHook | None = None, storage_options: StorageOptions = None) -> AuditResult:
     """Run every check on a checkpoint or a save dir (`ckptinspect audit`)."""
+    _storage(storage_options)
     from ckptinspect.commands.audit.audit import AuditOptions
     from ckptinspect.commands.audit.audit import audit as do_audit
     from ckptinspect.checks import CheckContext
@@ -122,8 +138,10 @@ def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_i
     return AuditResult(do_audit(p, opts, label))
 
 
-def diff(a: PathLike, b: PathLike, *, values: bool = False, progress: ProgressHook | None = None) -> DiffResult:
+def diff(a: PathLike, b: PathLike, *, values: bool = False, progress: ProgressHook | None = None,
+         storage_options: StorageOptions = None) -> DiffResult:
     """Args diff (classified, blocking or not) and tensor diff of two checkpoints (`ckptinspect diff`)."""
+    _storage(storage_options)
     from ckptinspect.commands.diff.diff import diff_paths
 
     pa, la = _path(a)
@@ -134,8 +152,10 @@ def diff(a: PathLike, b: PathLike, *, values: bool = False, progress: ProgressHo
 def resume(path: PathLike, *, tp: int, pp: int, dp: int | None = None, ep: int | None = None,
            cp: int | None = None, etp: int | None = None, vpp: int | None = None,
            make_vocab_size_divisible_by: int | None = None, vocab_size: int | None = None, finetune: bool = False,
-           no_load_optim: bool = False, no_load_rng: bool = False) -> ResumeResult:
+           no_load_optim: bool = False, no_load_rng: bool = False,
+           storage_options: StorageOptions = None) -> ResumeResult:
     """What a resume with this topology and these flags restores, drops or fails on (`ckptinspect resume`)."""
+    _storage(storage_options)
     from ckptinspect.commands.resume import ResumeTarget, predict_resume
 
     target = ResumeTarget(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, etp=etp, vpp=vpp,
@@ -145,9 +165,10 @@ def resume(path: PathLike, *, tp: int, pp: int, dp: int | None = None, ep: int |
     return ResumeResult(predict_resume(read(path), target))
 
 
-def coverage(path: PathLike, keys: Sequence[str] = (), *, select: Sequence[str] = (), ignore: Sequence[str] = ()
-             ) -> CoverageResult:
+def coverage(path: PathLike, keys: Sequence[str] = (), *, select: Sequence[str] = (), ignore: Sequence[str] = (),
+             storage_options: StorageOptions = None) -> CoverageResult:
     """Per-tensor chunk coverage (every tensor when `keys` is empty; `ckptinspect coverage`)."""
+    _storage(storage_options)
     from ckptinspect.commands.coverage.coverage import coverage as do_coverage
 
     return CoverageResult(do_coverage(read(path), keys, select, ignore))
@@ -155,8 +176,9 @@ def coverage(path: PathLike, keys: Sequence[str] = (), *, select: Sequence[str] 
 
 def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: tuple[int, int] | None = None,
                     workers: int | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
-                    progress: ProgressHook | None = None) -> ManifestResult:
+                    progress: ProgressHook | None = None, storage_options: StorageOptions = None) -> ManifestResult:
     """Verify a SHA-256 manifest (the checkpoint's own `integrity.json` by default; `ckptinspect manifest verify`)."""
+    _storage(storage_options)
     from ckptinspect.services.integrity_verify import parse_shard, verify_manifest as do_verify
     from ckptinspect.errors import UsageError
     from ckptinspect.formats.resolve import resolve_checkpoint
@@ -194,8 +216,10 @@ def _filtered(report: ManifestReport, select: Sequence[str], ignore: Sequence[st
 
 
 def write_manifest(path: PathLike, out: PathLike | None = None, *, recursive: bool = False,
-                   workers: int | None = None, progress: ProgressHook | None = None) -> WrittenManifestResult:
+                   workers: int | None = None, progress: ProgressHook | None = None,
+                   storage_options: StorageOptions = None) -> WrittenManifestResult:
     """Write a SHA-256 manifest in Megatron's `integrity.json` schema, atomically (`ckptinspect manifest write`)."""
+    _storage(storage_options)
     from ckptinspect.commands.manifest.manifest import write_manifest as do_write
     from ckptinspect.formats.resolve import resolve_checkpoint
 
@@ -206,8 +230,10 @@ def write_manifest(path: PathLike, out: PathLike | None = None, *, recursive: bo
                                  ckpt_label)
 
 
-def scan(path: PathLike, *, select: Sequence[str] = (), ignore: Sequence[str] = ()) -> ScanResult:
+def scan(path: PathLike, *, select: Sequence[str] = (), ignore: Sequence[str] = (),
+         storage_options: StorageOptions = None) -> ScanResult:
     """Pickle-safety scan of every pickle the checkpoint holds; nothing is unpickled (`ckptinspect scan`)."""
+    _storage(storage_options)
     from ckptinspect.commands.scan.scan import scan_path
 
     p, label = _path(path)
@@ -222,7 +248,8 @@ def estimate(*, params: float | None = None, description: GptDescription | None 
              fully_parallel: bool | None = None, async_save: bool = False,
              distributed_optimizer: bool | None = None, optimizer: str | None = None,
              optim_sharding: str | None = None, files_per_rank: int | None = None, write_bw: float = 2.0,
-             aggregate_bw: float = 100.0, d2h_bw: float = 25.0) -> EstimateResult:
+             aggregate_bw: float = 100.0, d2h_bw: float = 25.0,
+             storage_options: StorageOptions = None) -> EstimateResult:
     """What a save will cost before the job runs (`ckptinspect estimate`): size by component, bytes written per
     rank, files, stall seconds, async host memory.
 
@@ -232,6 +259,7 @@ def estimate(*, params: float | None = None, description: GptDescription | None 
     `optimizer` "adam" or "sgd", `optim_sharding` "dp_reshardable" or "fully_reshardable"; bandwidths are decimal
     GB/s. Options that cannot describe a Megatron job raise `UsageError` (the CLI's exit 2).
     """
+    _storage(storage_options)
     from ckptinspect.commands.estimate import Bandwidths, Optimizer, OptimSharding, SaveFormat
     from ckptinspect.commands.estimate.request import EstimateRequest, SaveArgs, TargetArgs, run
     from ckptinspect.errors import UsageError

@@ -114,6 +114,32 @@ def test_s3_storage_options_keep_s3fs_names(td2_url: str, s3_server: S3Server,  
     assert code == 2 and "no_such_option" in err
 
 
+def test_api_takes_storage_options_explicitly(td2_url: str, s3_server: S3Server,  # noqa: F811
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every API function takes the storage options itself (`storage_options=`), as `--storage-option` gives them to
+    the CLI: the same verdict as the CLI's, with no process-wide setup by the caller."""
+    import ckptinspect
+    from ckptinspect.io.session import reset
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    opts = {"client_kwargs": {"endpoint_url": s3_server.endpoint}}
+    code, out, _ = cli("--storage-option", f"client_kwargs.endpoint_url={s3_server.endpoint}", "audit", td2_url,
+                       "-o", "json")
+    reset()  # what a fresh interpreter has: no options anywhere
+    r = ckptinspect.audit(td2_url, storage_options=opts)
+    assert (r.exit_code(), r.to_dict()["findings"]) == (code, json.loads(out)["findings"])
+    assert r.to_dict()["storage"]["requests"] > 0
+    for call in (lambda o: ckptinspect.sniff(td2_url, storage_options=o),
+                 lambda o: ckptinspect.info(td2_url, storage_options=o),
+                 lambda o: ckptinspect.scan(td2_url, storage_options=o),
+                 lambda o: ckptinspect.coverage(td2_url, storage_options=o),
+                 lambda o: ckptinspect.resume(td2_url, tp=1, pp=1, storage_options=o),
+                 lambda o: ckptinspect.diff(td2_url, td2_url, storage_options=o)):
+        call(opts)  # reaches the server
+        with pytest.raises(ckptinspect.UsageError):
+            call({"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}})  # nothing listens there: exit 2's error
+
+
 def test_storage_option_parsing() -> None:
     pairs = [parse_option(o) for o in ("anon=true", "config_kwargs.read_timeout=5", "client_kwargs.region_name=x")]
     assert nest(pairs) == {"anon": True, "config_kwargs": {"read_timeout": 5}, "client_kwargs": {"region_name": "x"}}
