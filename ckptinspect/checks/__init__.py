@@ -2,7 +2,17 @@
 
 Each check module exposes ``run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]``. Checks never raise
 because a checkpoint is broken: a broken checkpoint is findings. They raise only when the tool itself cannot go on.
-The registry is the literal tuple `CHECKS` in `ckptinspect.checks.registry` (no registration by import side effect).
+The registry is the literal tuple `CHECKS` in `registry.py` (no registration by import side effect).
+
+- `storage.py`: stored items lie in existing, readable files, do not overlap, no stale data files; `--deep` reads them.
+- `coverage.py`: chunk coverage of every tensor (gaps, overlaps, out of bounds, no storage), over `columns.py`
+  (vectorised screening of the `ChunkTable`) and `layout_coords.py` (which rank and stage a gap lost).
+- `objects.py`: sharded-object families fill their grid exactly once.
+- `legacy.py`: a legacy save's shard dirs and optimizer files for the whole grid of its args.
+- `integrity.py`: the SHA-256 manifest (engine: `services/integrity_verify.py`).
+- `safety.py`: pickle safety of the stored items inside `.distcp` files (engine: `services/safety_scan.py`).
+- `args.py`: training args present and consistent with the on-disk layout.
+- `tracker.py`: save-dir checks: the tracker and the crash leftovers around it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,19 @@
-"""Capabilities: what the commands do, built on the model, the format readers and the checks.
+"""What the commands do, built on the model, the readers, the services and the checks; one package per command.
 
-One package per capability: `audit` (orchestration, `ls` listing, summary), `manifest` (write, verify, merge, hashing),
-`diff` (args, tensors, values), `resume` (resume prediction), `scan` (pickle-safety scan, container walking),
-`coverage` (chunk-grid picture), `estimate` (what a save costs before the job runs; CK801). They are not named at
+- `audit/`: `audit.py` runs every check on a checkpoint or a save dir (and the `ls` listing); `summary.py` says who
+  wrote what (bytes per rank and component).
+- `coverage/`: `coverage.py` per-tensor chunk coverage of one checkpoint; `picture.py` the chunk-grid picture of one
+  tensor.
+- `diff/`: `diff.py` orchestration and tensors; `args.py` which args Megatron checks on load; `values.py` chunk bytes
+  compared; `optim.py` optimizer state across DistributedOptimizer formats; `reformulated.py` N-D reformulated state.
+- `estimate/`: what a save costs before the job runs (its `__init__` walks the stages); `concentration.py` is CK801,
+  which `audit` adds.
+- `manifest/`: `manifest.py` writes `integrity.json`; `report.py` merges shard reports (verifying is
+  `services/integrity_verify.py`).
+- `resume/`: the rule table that predicts what a resume restores (its `__init__` names the modules in order).
+- `scan/`: `scan.py` the walk over a path's directories (one file's scan is `services/safety_scan.py`).
+
+They may use each other without a cycle (`audit` uses `estimate`; the layering test checks it). They are not named at
 the top level of `ckptinspect` because the top level holds the public functions of the same names
-(`ckptinspect.audit(...)`, `ckptinspect.diff(...)`, ...): a subpackage `ckptinspect.audit` would replace the
-function `ckptinspect.audit` the moment it is imported.
+(`ckptinspect.audit(...)`, `ckptinspect.diff(...)`).
 """

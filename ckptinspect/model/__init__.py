@@ -1,4 +1,6 @@
-"""The neutral checkpoint model every reader builds and every check consumes.
+"""The neutral checkpoint model every reader builds and every check consumes (this module), the `ChunkTable` that
+holds every chunk as numpy columns (`chunk_table.py`), and which component (model / optimizer / rng / other) an item
+key belongs to (`components.py`).
 
 Frozen, slotted dataclasses of plain Python types (tuples of ints, dtype names as `str`). Readers translate their
 format's objects into these at their boundary; nothing here knows about pickles, torch or Megatron classes.

@@ -1,4 +1,10 @@
-"""Renderers: turn library results into JSON documents, rich text, markdown, JUnit XML and pandas frames.
+"""Renderers: results as JSON documents, rich text, markdown, JUnit XML, SARIF, SVG and pandas frames.
 
-Nothing here prints or exits; the CLI decides where output goes.
+Nothing here prints or exits; a result renders itself through these (`results.py`) and the CLI decides where output
+goes. One module per output format, plus one per command whose text is its own:
+
+- `json_doc.py` (every command's JSON document, the envelope), `markdown.py`, `junit.py`, `sarif.py`, `frames.py`
+  (`info --csv`), `svg.py` (`coverage --svg`), `estimate_svg.py` (`estimate --svg`);
+- `text.py` (sniff / ls / info / audit / coverage / manifest text), `diff_text.py`, `resume_text.py`,
+  `estimate_text.py`, `scan.py` (scan as text and markdown).
 """

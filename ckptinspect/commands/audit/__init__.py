@@ -1,1 +1,3 @@
-"""Audit: run every check on a checkpoint or save dir (`audit.py`), the `ls` listing, and the summary (`summary.py`)."""
+"""`audit`: run every check on a checkpoint or save dir, and list a save dir's iterations (`audit.py`); who wrote what:
+bytes per save-time rank and file, split by component (`summary.py`).
+"""

@@ -1,1 +1,4 @@
-"""Diff of two checkpoints: orchestration and tensors (`diff.py`), args classification (`args.py`), values (`values.py`)."""
+"""`diff` of two checkpoints: orchestration, checkpoint facts and tensors (`diff.py`), args classification (`args.py`),
+chunk values read from their byte ranges (`values.py`), optimizer state across DistributedOptimizer formats
+(`optim.py`), values of N-D reformulated tensors (`reformulated.py`).
+"""
