@@ -159,10 +159,10 @@ def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: 
     """Verify a SHA-256 manifest (the checkpoint's own `integrity.json` by default; `ckptinspect manifest verify`)."""
     from ckptinspect.checks.integrity_verify import verify_manifest as do_verify
     from ckptinspect.errors import UsageError
-    from ckptinspect.formats.resolve import resolve_checkpoint
+    from ckptinspect.formats.resolve import resolve_data_dir
 
     p, label = _path(path)
-    ckpt_path, ckpt_label = resolve_checkpoint(p, label)
+    ckpt_path, ckpt_label = resolve_data_dir(p, label)  # where its files and integrity.json are
     m = None
     if manifest is not None:
         m, m_label = _path(manifest)
@@ -198,10 +198,10 @@ def write_manifest(path: PathLike, out: PathLike | None = None, *, recursive: bo
                    workers: int | None = None, progress: ProgressHook | None = None) -> WrittenManifestResult:
     """Write a SHA-256 manifest in Megatron's `integrity.json` schema, atomically (`ckptinspect manifest write`)."""
     from ckptinspect.capabilities.manifest.manifest import write_manifest as do_write
-    from ckptinspect.formats.resolve import resolve_checkpoint
+    from ckptinspect.formats.resolve import resolve_data_dir
 
     p, label = _path(path)
-    ckpt_path, ckpt_label = resolve_checkpoint(p, label)
+    ckpt_path, ckpt_label = resolve_data_dir(p, label)  # where its files and integrity.json are
     o = _path(out)[0] if out is not None else None
     return WrittenManifestResult(do_write(ckpt_path, o, recursive=recursive, workers=workers, progress=progress),
                                  ckpt_label)

@@ -268,6 +268,11 @@ class Checkpoint:
     """One checkpoint (an ``iter_*`` dir, a DCP ``step-*`` dir, a legacy iteration dir).
 
     path: the dir, as given.
+    data_dir: where its data lives, as a location like `path` (local path or URL, `storage.location` reads it):
+        the dir that `files` names, `StoredItem.file` and the integrity manifest (`integrity.json`) are relative to.
+        Set by the reader that knows it; `path` itself (the default) when the files are in the checkpoint dir.
+        NeMo 2 keeps its payload in ``<ckpt>/weights/``; an NVRx iteration's files are in the rank dirs of its
+        root; a single legacy `.pt` file's dir is its parent. Checks and services open data through it only.
     format: its format, or None when unrecognized.
     generation: producer generation, e.g. ``megatron-core<=0.18 (common.pt)``; None when unknown.
     iteration: from the common state / dir name, or None.
@@ -321,10 +326,13 @@ class Checkpoint:
     sharded_backend: ShardedBackend | None = None
     rank_metadata: tuple[str, ...] = ()
     raw_tensor_items: bool = False
+    data_dir: str = ""
 
     def __post_init__(self) -> None:
         # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).
         set_ = object.__setattr__
+        if not self.data_dir:
+            set_(self, "data_dir", self.path)
         if self.args is not None:
             set_(self, "args", frozen(self.args))
         if self.common is not None:

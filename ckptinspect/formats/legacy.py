@@ -150,6 +150,7 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
     )
     return Checkpoint(
         path=label,
+        data_dir=str(base) if base != path else "",  # a single `.pt` file: its names are relative to its dir
         format=Format.TORCH,
         generation=_generation(first_state),
         iteration=iteration if isinstance(iteration, int) else None,
