@@ -300,6 +300,9 @@ class Checkpoint:
     rank_metadata: DCP per-rank metadata (`dcp.save(..., use_collectives=False)`): the `__R.metadata` files read and
       merged (`formats/dcp_ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
       replicas, not overlaps. Empty for a checkpoint with one `.metadata`.
+    save_in_progress: the reader found a save being written here (a legacy `mp_rank_*` iteration the tracker does not
+      name, whose newest file is within the age rule's grace, `formats/inflight.py`): what is missing or cut is the
+      write in progress, so the checks report it as CK132 (incomplete), not as damage.
     raw_tensor_items: tensor chunks are raw element bytes (DCP's Hugging Face storage writer: safetensors data), not
       torch archives: `--deep` checks their place and length only, and there is no pickle in them to scan.
     """
@@ -327,6 +330,7 @@ class Checkpoint:
     rank_metadata: tuple[str, ...] = ()
     raw_tensor_items: bool = False
     data_dir: str = ""
+    save_in_progress: bool = False
 
     def __post_init__(self) -> None:
         # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).
