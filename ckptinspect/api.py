@@ -181,10 +181,10 @@ def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: 
     _storage(storage_options)
     from ckptinspect.services.integrity_verify import parse_shard, verify_manifest as do_verify
     from ckptinspect.errors import UsageError
-    from ckptinspect.formats.resolve import resolve_checkpoint
+    from ckptinspect.formats.resolve import resolve_data_dir
 
     p, label = _path(path)
-    ckpt_path, ckpt_label = resolve_checkpoint(p, label)
+    ckpt_path, ckpt_label = resolve_data_dir(p, label)  # where its files and integrity.json are
     m = None
     if manifest is not None:
         m, m_label = _path(manifest)
@@ -221,10 +221,10 @@ def write_manifest(path: PathLike, out: PathLike | None = None, *, recursive: bo
     """Write a SHA-256 manifest in Megatron's `integrity.json` schema, atomically (`ckptinspect manifest write`)."""
     _storage(storage_options)
     from ckptinspect.commands.manifest.manifest import write_manifest as do_write
-    from ckptinspect.formats.resolve import resolve_checkpoint
+    from ckptinspect.formats.resolve import resolve_data_dir
 
     p, label = _path(path)
-    ckpt_path, ckpt_label = resolve_checkpoint(p, label)
+    ckpt_path, ckpt_label = resolve_data_dir(p, label)  # where its files and integrity.json are
     o = _path(out)[0] if out is not None else None
     return WrittenManifestResult(do_write(ckpt_path, o, recursive=recursive, workers=workers, progress=progress),
                                  ckpt_label)

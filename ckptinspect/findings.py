@@ -91,6 +91,9 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK130", "error", "incomplete", "format", "Megatron save started: nothing written but (part of) common.pt"),
         _c("CK131", "error", "incomplete", "format", "metadata.json cut short: the final marker being written or "
            "interrupted"),
+        _c("CK132", "error", "incomplete", "legacy", "legacy (mp_rank_*) save being written: shard files missing or "
+           "cut in an untracked iteration within the grace"),
+        _c("CK133", "error", "incomplete", "tracker", "tracker being written: empty and modified within the grace"),
         _c("CK110", "error", "corrupt", "legacy", "legacy shard dir missing for the topology in args"),
         _c("CK111", "error", "corrupt", "legacy", "legacy distrib_optim.pt missing"),
         _c("CK112", "warning", None, "legacy", "legacy args disagree between shard files"),

@@ -87,6 +87,39 @@ def _unfinished(d: Path, ctx: Ctx) -> None:
     (d.parent / f"{d.name}-unfinished").touch()  # ModelCheckpoint.set_checkpoint_unfinished_marker
 
 
+def _nemo_weights(mutate: Mutation) -> Mutation:
+    """`mutate` applied to a NeMo 2 checkpoint's payload dir `<ckpt>/weights/` (where Megatron's save wrote it)."""
+    return lambda d, ctx: mutate(d / "weights", ctx)
+
+
+def _hostile_rng_item(ckpt: Path, ctx: Ctx) -> None:
+    """Megatron byte items are `torch.save([obj])` archives (strategies/torch.py): a hostile rng_state cell."""
+    with edit_metadata(ckpt) as md:
+        append_item(ckpt, md, "rng_state/shard_0.0_1.1", torch_bytes([Hostile(ctx.marker)]))
+
+
+def _manifest(ckpt: Path, ctx: Ctx) -> None:
+    """`manifest write` of the NeMo 2 checkpoint: `integrity.json` in `weights/`, as Megatron's own writes it."""
+    from ckptinspect.api import write_manifest
+
+    write_manifest(ckpt)
+
+
+def _manifest_then_flip(ckpt: Path, ctx: Ctx) -> None:
+    _manifest(ckpt, ctx)
+    with open(ckpt / "weights" / "__0_0.distcp", "r+b") as f:  # inside a tensor's bytes: only a hash sees it
+        f.seek(20_000)
+        b = f.read(1)
+        f.seek(20_000)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
 def _nvrx_rank1_dirty(root: Path, ctx: Ctx) -> None:
     """Rank 1 crashed mid-write: its file is still `…_local.dirty.pt` (local_manager.py `_save`), so no rank-1 file."""
     f = root / "1" / "iter_0000002_1_local.pt"
@@ -186,6 +219,26 @@ STACK_CASES: tuple[Case, ...] = (
          "incomplete", S({"CK507"}), sources=NEMO),
     Case("nemo2_without_context", _at("nemo2", f"checkpoints/{NEMO_CKPT}", _rm("context")), "complete",
          S({"CK121"}), sources=NEMO),
+    # NeMo 2's data files are in `<ckpt>/weights/` (Checkpoint.data_dir): every check reads them there
+    Case("ok_nemo2_checkpoints_dir_deep", _at("nemo2", "checkpoints"), "complete", S(),
+         S({"CK201", "CK202", "CK205", "CK209"}), flags=("--deep",), sources=NEMO),
+    Case("ok_nemo2_checkpoint_deep", _at("nemo2", f"checkpoints/{NEMO_CKPT}"), "complete", S(),
+         S({"CK201", "CK202", "CK205", "CK209"}), flags=("--deep",), sources=NEMO),
+    Case("nemo2_weights_distcp_missing", _at("nemo2", f"checkpoints/{NEMO_CKPT}",
+                                             _nemo_weights(_rm("__1_0.distcp"))), "corrupt", S({"CK201"}),
+         sources=NEMO),
+    Case("nemo2_weights_distcp_truncated", _at("nemo2", f"checkpoints/{NEMO_CKPT}",
+                                               _nemo_weights(lambda d, ctx: truncate(d / "__0_1.distcp"))),
+         "corrupt", S({"CK202"}), sources=NEMO),
+    Case("nemo2_weights_item_garbage_deep", _at("nemo2", f"checkpoints/{NEMO_CKPT}", _nemo_weights(
+        lambda d, ctx: _overwrite(d / "__1_0.distcp", 0, b"\x00" * 64))), "corrupt", S({"CK205"}),
+         flags=("--deep",), sources=NEMO),
+    Case("hostile_nemo2_rng_item", _at("nemo2", f"checkpoints/{NEMO_CKPT}", _nemo_weights(_hostile_rng_item)),
+         "unsafe", S({"CK601"}), sources=NEMO, subprocess=True),
+    Case("nemo2_manifest_in_weights", _at("nemo2", f"checkpoints/{NEMO_CKPT}", _manifest), "complete", S(),
+         S({"CK400", "CK401", "CK402", "CK403"}), flags=("--hash",), sources=NEMO),
+    Case("nemo2_manifest_byte_flip", _at("nemo2", f"checkpoints/{NEMO_CKPT}", _manifest_then_flip), "corrupt",
+         S({"CK401"}), flags=("--hash",), sources=NEMO),
     # NVRx local checkpoints
     Case("nvrx_rank_missing_and_dirty", _at("nvrx_local", "", _nvrx_rank1_dirty), "incomplete",
          S({"CK512", "CK513"}), sources=NVRX),

@@ -4,15 +4,23 @@ Part of the corpus gathered in `tests/corpus.py` (see `tests/corpus_kit.py` for 
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from corpus_kit import Case, Ctx, S, TD, _rm, td_dir
 
 
-def _tracker(text: bytes) -> Callable[[Path, Ctx], None]:
+def _tracker(text: bytes, age: float = 0) -> Callable[[Path, Ctx], None]:
+    """The tracker holding `text`, last modified `age` seconds ago."""
+
     def mutate(save: Path, ctx: Ctx) -> None:
-        (save / "latest_checkpointed_iteration.txt").write_bytes(text)
+        tracker = save / "latest_checkpointed_iteration.txt"
+        tracker.write_bytes(text)
+        if age:
+            t = time.time() - age
+            os.utime(tracker, (t, t))
 
     return mutate
 
@@ -20,7 +28,9 @@ def _tracker(text: bytes) -> Callable[[Path, Ctx], None]:
 
 TRACKER_CASES: tuple[Case, ...] = (
     Case("tracker_garbage", td_dir(_tracker(b"abc")), "corrupt", S({"CK502"}), sources=TD),
-    Case("tracker_empty", td_dir(_tracker(b"")), "corrupt", S({"CK502"}), sources=TD, subprocess=True),
+    # empty long after it was written (an empty tracker within the grace is being written: CK133, corpus_inflight)
+    Case("tracker_empty", td_dir(_tracker(b"", age=600)), "corrupt", S({"CK502"}), S({"CK133"}), sources=TD,
+         subprocess=True),
     Case("tracker_names_missing_iteration", td_dir(_tracker(b"7")), "corrupt", S({"CK503"}), sources=TD),
     Case("tracker_names_unfinished_iteration", td_dir(_tracker(b"3")), "incomplete", S({"CK504", "CK101"}),
          sources=TD),

@@ -26,11 +26,12 @@ TRACKER = "latest_checkpointed_iteration.txt"
 class GatedSave:
     """One save of iterations 1 and 2 at world size 1 into `out`, with the gate's `stops` / `slow` on iteration 2;
     `msc` False is Megatron-LM's `--disable-msc` (plain `open()` writes instead of multistorageclient's atomic
-    `.<name>.tmp` + rename)."""
+    `.<name>.tmp` + rename). `format` "legacy": Megatron's `--ckpt-format torch` save (`mp_rank_00/`:
+    `distrib_optim.pt` then `model_optim_rng.pt`, both `torch.save`) instead of torch_dist."""
 
     def __init__(self, out: Path, gate_dir: Path, stops: list[tuple[str, int | None]] | None = None,
-                 slow: dict[str, float] | None = None, msc: bool = True) -> None:
-        self.out, self.gate_dir, self.msc = out, gate_dir, msc
+                 slow: dict[str, float] | None = None, msc: bool = True, format: str = "torch_dist") -> None:
+        self.out, self.gate_dir, self.msc, self.format = out, gate_dir, msc, format
         gate_dir.mkdir(parents=True, exist_ok=True)
         self.config = {"watch": [WATCHED, TRACKER], "stops": [list(s) for s in (stops or [])],
                        "slow": slow or {}, "dir": str(gate_dir)}
@@ -39,7 +40,7 @@ class GatedSave:
 
     def start(self) -> GatedSave:
         code = (f"import sys; sys.path.insert(0, {str(TOOLS)!r}); import make_sample_ckpts as m; "
-                f"m.make_checkpoint({str(self.out)!r}, format='torch_dist', tp=1, pp=1, dp=1, iterations=(1, 2), "
+                f"m.make_checkpoint({str(self.out)!r}, format={self.format!r}, tp=1, pp=1, dp=1, iterations=(1, 2), "
                 f"seed=1234, timeout=600, msc={self.msc!r})")
         env = {**os.environ, "CKPTINSPECT_WRITE_GATE": json.dumps(self.config), "PYTHONWARNINGS": "ignore"}
         with open(self.log, "wb") as log:

@@ -5,6 +5,7 @@ sample_ckpts/{bridge,nemo2,nvrx_local,torchtitan} (see sample_ckpts/README.md) a
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -164,3 +165,50 @@ def test_nvrx_session_dirs_are_found_one_level_down(tmp_path: Path) -> None:
     r = audit(tmp_path)
     assert r.status.value == "complete" and [c.name for c in r.checkpoints] == ["myjob/iter_0000002"]
     assert r.checkpoints[0].checkpoint.format is Format.NVRX_LOCAL
+
+
+@pytest.mark.parametrize(("sub", "data"), [
+    (NEMO_CKPT, f"{NEMO_CKPT}/weights"),  # NeMo 2: the torch_dist payload is <ckpt>/weights/
+    ("bridge/iter_0000002", "bridge/iter_0000002"),
+    ("torchtitan/step-1", "torchtitan/step-1"),
+    ("megatron_fsdp/iter_0000001", "megatron_fsdp/iter_0000001"),
+    ("nvrx_local/iter_0000002", "nvrx_local"),  # a virtual iteration: its files are in the root's rank dirs
+])
+def test_data_dir_is_where_the_files_are(sub: str, data: str) -> None:
+    c = read_checkpoint(SAMPLES / sub, str(SAMPLES / sub))
+    assert c.data_dir == str(SAMPLES / data)
+    assert c.files and all((Path(c.data_dir) / f.name).is_file() for f in c.files)
+    stored = {o.storage.file for o in c.objects if o.storage is not None}
+    assert all((Path(c.data_dir) / name).is_file() for name in stored)
+
+
+def test_nemo2_manifest_write_and_verify_use_weights(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ckptinspect.cli.app import app
+
+    ckpt = _nemo_copy(tmp_path) / NEMO_CKPT.split("/", 2)[2]
+    run = CliRunner().invoke
+    w = run(app, ["manifest", "write", str(ckpt), "-o", "json"])
+    assert w.exit_code == 0, w.output
+    assert not (ckpt / "integrity.json").exists()  # Megatron writes it next to .metadata: weights/
+    listed = json.loads((ckpt / "weights" / "integrity.json").read_text())["files"]
+    assert sorted(listed) == sorted(p.name for p in (ckpt / "weights").iterdir() if p.name != "integrity.json")
+    for target in (ckpt, ckpt.parent):  # the checkpoint, and the save dir that resolves to it
+        v = run(app, ["manifest", "verify", str(target), "-o", "json"])
+        doc = json.loads(v.stdout)
+        assert v.exit_code == 0 and doc["status"] == "complete" and doc["files_checked"] == len(listed), v.output
+        a = run(app, ["audit", str(target), "--hash", "-o", "json"])
+        assert a.exit_code == 0 and "CK400" not in a.stdout, a.output
+    with open(ckpt / "weights" / "__1_1.distcp", "r+b") as f:
+        f.seek(-10, 2)
+        f.write(b"\xff" * 4)
+    v = run(app, ["manifest", "verify", str(ckpt), "-o", "json"])
+    assert v.exit_code == 1 and {f["code"] for f in json.loads(v.stdout)["findings"]} == {"CK401"}
+
+
+def test_nemo2_diff_values_reads_the_weights() -> None:
+    ckpt = SAMPLES / NEMO_CKPT
+    r = diff_checkpoints(read_checkpoint(ckpt, str(ckpt)), read_checkpoint(ckpt, str(ckpt)), values=True)
+    assert r.values is not None and not r.values.skipped
+    assert len(r.values.identical) == len(r.values.compared) == 20

@@ -17,11 +17,16 @@ from ckptinspect.io import location
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
-    """Yield the manifest verification findings of `ckpt`, attributed to `ckpt.path`."""
-    root = location(ckpt.path)
+    """Yield the manifest verification findings of `ckpt`, attributed to `ckpt.path`. The manifest is looked for,
+    and its names resolved, in the checkpoint's data dir (`Checkpoint.data_dir`: where Megatron's
+    `save_integrity_manifest` writes it, next to `.metadata`; NeMo 2's `<ckpt>/weights/`)."""
+    if not location(ckpt.path).is_dir():
+        return  # a single `.pt` file, a virtual NVRx iteration: no dir of its own, so no manifest
+    root = location(ckpt.data_dir)
     if not root.is_dir():
         return
-    report = verify_manifest(root, ctx.manifest, workers=ctx.workers, progress=ctx.progress, path_label=ckpt.path,
-                             hash_files=ctx.hash or ctx.deep)
-    for finding in report.findings:
-        yield finding.with_path(ckpt.path)
+    report = verify_manifest(root, ctx.manifest, workers=ctx.workers, progress=ctx.progress,
+                             path_label=ckpt.data_dir, hash_files=ctx.hash or ctx.deep)
+    for f in report.findings:
+        # attributed to the checkpoint (its names stay relative to the data dir the message names)
+        yield Finding(f.code, f.message, f.subject, ckpt.path, f.details) if f.path in (None, ckpt.data_dir) else f

@@ -1,5 +1,6 @@
 """Legacy `torch` format: shard dirs for the whole TP×PP(×EP) grid of the args (CK110), `distrib_optim.pt` where
-the args say distributed optimizer (CK111), args that agree across shard files (CK112)."""
+the args say distributed optimizer (CK111), args that agree across shard files (CK112). In a save being written
+(`Checkpoint.save_in_progress`, `formats/inflight.py`) what CK110 / CK111 would name is not written yet: CK132."""
 
 from __future__ import annotations
 
@@ -17,9 +18,19 @@ from ckptinspect.model import Checkpoint, Format
 _PER_RANK_ARGS = frozenset({"rank", "local_rank", "distributed_timeout_minutes"})
 
 
+_IN_PROGRESS = ": the save is being written (an untracked iteration whose newest file is within the grace)"
+
+
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     if ckpt.format is not Format.TORCH:
         return
+    for f in _grid(ckpt):
+        # a save being written (the reader's `save_in_progress`) has not written these yet: unfinished, not damaged
+        yield Finding("CK132", f.message + _IN_PROGRESS, f.subject, f.path, f.details) if ckpt.save_in_progress else f
+    yield from _args_agree(ckpt)
+
+
+def _grid(ckpt: Checkpoint) -> Iterator[Finding]:
     shard_files = ckpt.shard_files
     if not shard_files:
         return  # a single .pt file: nothing to cross-check
@@ -48,6 +59,9 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
             yield Finding("CK111", f"args say use_distributed_optimizer but {len(lacking)} shard dir(s) have no"
                           f" {DISTOPT_FILE}: {', '.join(lacking[:8])}", f"{lacking[0]}/{DISTOPT_FILE}", ckpt.path,
                           {"shards": lacking})
+
+
+def _args_agree(ckpt: Checkpoint) -> Iterator[Finding]:
     shard_args = ckpt.shard_args
     if len(shard_args) > 1:
         names = sorted(shard_args)

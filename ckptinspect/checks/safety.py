@@ -38,4 +38,4 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
         # TE `_extra_state` saved as a tensor item (plain DCP): decoded with `pickle.loads` on load, so walked too
         extra = [t for t in ckpt.tensors if EXTRA_STATE in t.key]
         items = (items + list(stored_items(extra, (), bounds)))[:MAX_ITEMS]
-    yield from scan_stored_items(location(ckpt.path), ckpt.path, items, bounds=bounds).findings
+    yield from scan_stored_items(location(ckpt.data_dir), ckpt.path, items, bounds=bounds).findings

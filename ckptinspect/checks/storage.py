@@ -52,7 +52,7 @@ def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
     names, f_arr, s_arr, e_arr, subject = _arrays(ckpt)
     counts = np.bincount(f_arr, minlength=len(names)) if len(names) else np.zeros(0, dtype=np.int64)
     file_size = np.full(len(names), -1, dtype=np.int64)
-    root = location(ckpt.path)
+    root = location(ckpt.data_dir)
     for i, name in enumerate(names):
         size = sizes.get(name)
         if size is None:
@@ -134,7 +134,7 @@ def _holds_only_an_empty_tensor(ckpt: Checkpoint, name: str, size: int | None) -
     if size is None or size > _EMPTY_FILE_BOUND:
         return False
     try:
-        with ItemFiles(location(ckpt.path)) as files:
+        with ItemFiles(location(ckpt.data_dir)) as files:
             archive = files.archive(StoredItem(name, 0, size))
     except (OSError, ReadError):
         return False
@@ -205,7 +205,7 @@ def _deep(ckpt: Checkpoint, ctx: CheckContext, sizes: dict[str, int | None]) -> 
 
     total = sum(item.length for _, item, dtype, _ in _items(ckpt) if readable(item, dtype))
     bad = 0
-    with ItemFiles(location(ckpt.path)) as files:
+    with ItemFiles(location(ckpt.data_dir)) as files:
         for subject, item, dtype, expected in _items_by_position(ckpt):
             if not readable(item, dtype):
                 continue

@@ -22,7 +22,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats.args_values import args_findings
 from ckptinspect.formats.dcp import read_dcp
 from ckptinspect.formats.inflight import age_of, megatron_iteration
-from ckptinspect.formats.legacy import read_legacy
+from ckptinspect.formats.legacy import read_legacy, with_save_in_progress
 from ckptinspect.formats.nvrx_local import LOCAL_FILE, find_local_root, read_nvrx_local, virtual_iteration
 from ckptinspect.formats.sniff import CheckpointSniff, SniffState, sniff_checkpoint
 from ckptinspect.formats.stacks import enrich, outer_layout
@@ -110,8 +110,10 @@ def _read_checkpoint(path: Path, label: str, megatron_context: bool) -> Checkpoi
     if payload != path and probe_dir(payload) is not None:
         return Checkpoint(path=label, format=None)
     sniff = sniff_checkpoint(payload, megatron_context or layout is not None)
-    ckpt = enrich(read_sniffed(payload, label, sniff), path, label, layout,
-                  payload_complete=sniff.state is SniffState.COMPLETE)
+    ckpt = read_sniffed(payload, label, sniff)
+    if ckpt.format is Format.TORCH:  # a legacy save being written is unfinished, not damaged (`inflight.py`)
+        ckpt = with_save_in_progress(ckpt, payload, megatron_context)
+    ckpt = enrich(ckpt, path, label, layout, payload_complete=sniff.state is SniffState.COMPLETE)
     return _with_args_findings(ckpt)
 
 

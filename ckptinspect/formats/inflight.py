@@ -24,6 +24,14 @@ clock-free witness: its finalize functions run in save order, so a tracker namin
 save's finalize will never run. A newer `iter_*` dir is no such witness (an async save may start the next one
 before this one is finalized). A `metadata.json` cut short in the *tracked* iteration is neither: the tracker is
 written after the marker, so the marker was whole once and was damaged since (CK104, corrupt).
+
+A legacy save (`--ckpt-format torch`, Megatron-LM `save_checkpoint`): each writing rank makes its
+`iter_N/mp_rank_*/` dir, writes `distrib_optim.pt` (distributed optimizer) then `model_optim_rng.pt`, each with a
+plain `torch.save`; rank 0 writes the tracker after the barrier. While the save runs, shard dirs and files are
+missing and one file is cut short: in an untracked iteration within the grace that is the write in progress (CK132,
+incomplete, `legacy_save_age`); older than the grace, or in the tracked iteration, it is damage (CK110 / CK111 /
+CK206, corrupt), as before. The tracker itself is written with a plain `open('w')`: an *empty* tracker modified
+within the grace is being written (CK133, incomplete); an empty one older than that is unparseable (CK502).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 from ckptinspect.io.local import read_small
@@ -42,6 +51,8 @@ GRACE_ENV = "CKPTINSPECT_WRITE_GRACE_SECONDS"
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON_PT = "common.pt"
 MSC_METADATA_TMP = "..metadata.tmp"  # multistorageclient's atomic-write temp of `.metadata`
+SHARD_PREFIX = "mp_rank_"  # Megatron-LM's legacy shard dirs (`mp_rank_{tp:02d}[_{pp:03d}][_{ep:03d}]`)
+MAX_SHARD_ENTRIES = 64  # entries looked at per shard dir (Megatron writes two files there)
 _MEGATRON_ITER = re.compile(r"^iter_(\d{7,})$")
 _LITERAL_PREFIXES = ("true", "false", "null")
 _NUMBER_PREFIX = re.compile(r"^-?\d*(\.\d*)?([eE][+-]?\d*)?$")
@@ -120,8 +131,10 @@ class Age:
 
 
 def newest_mtime(path: Path) -> float | None:
-    """The newest modification time of `path` and its top-level entries (not followed into sub-dirs); None where
-    there are no times to read (an object-storage prefix: its listing carries none)."""
+    """The newest modification time of `path` and its top-level entries, and of the entries of its legacy
+    `mp_rank_*` shard dirs (a legacy save writes its files there: a growing `model_optim_rng.pt` changes no
+    top-level time); other sub-dirs are not entered. None where there are no times to read (an object-storage
+    prefix: its listing carries none)."""
     times: list[float] = []
     try:
         times.append(path.stat().st_mtime)
@@ -129,11 +142,45 @@ def newest_mtime(path: Path) -> float | None:
             for entry in it:
                 try:
                     times.append(entry.stat(follow_symlinks=False).st_mtime)
+                    if entry.name.startswith(SHARD_PREFIX) and entry.is_dir(follow_symlinks=False):
+                        times.extend(_entry_times(entry.path))
                 except OSError:
                     continue
     except (OSError, TypeError):  # TypeError: `ObjectPath` has neither stat() nor a local path
         pass
     return max(times) if times else None
+
+
+def _entry_times(path: str) -> list[float]:
+    out: list[float] = []
+    with os.scandir(path) as it:
+        for entry in islice(it, MAX_SHARD_ENTRIES):
+            try:
+                out.append(entry.stat(follow_symlinks=False).st_mtime)
+            except OSError:
+                continue
+    return out
+
+
+def written_within_grace(path: Path, now: float | None = None) -> bool:
+    """Whether the file `path` was modified less than the grace (`grace_seconds`) before now; False when it has no
+    modification time to read (absent, an object: an object appears whole, never mid-write)."""
+    try:
+        mtime = path.stat().st_mtime
+    except (OSError, TypeError, AttributeError):
+        return False
+    return (time.time() if now is None else now) - mtime < grace_seconds()
+
+
+def legacy_save_age(path: Path, megatron_context: bool) -> Age | None:
+    """The age rule's verdict on a legacy (`mp_rank_*`) iteration dir that may be a save being written: for
+    Megatron's `iter_{N:07d}` of a save dir that the tracker does not name (Megatron-LM writes the shard files —
+    `distrib_optim.pt` first, then `model_optim_rng.pt`, each a plain `torch.save` — and only then the tracker);
+    None for any other dir (the tracked iteration, a dir outside a save dir: its missing or cut files are damage)."""
+    n = megatron_iteration(path, megatron_context)
+    if n is None or is_tracked(path):
+        return None
+    return age_of(path, n)
 
 
 def tracked_iteration(save: Path) -> int | str | None:

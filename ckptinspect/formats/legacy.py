@@ -150,6 +150,7 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
     )
     return Checkpoint(
         path=label,
+        data_dir=str(base) if base != path else "",  # a single `.pt` file: its names are relative to its dir
         format=Format.TORCH,
         generation=_generation(first_state),
         iteration=iteration if isinstance(iteration, int) else None,
@@ -225,3 +226,48 @@ def _shard_grid(shard_files: dict[str, list[str]], args: dict[str, Any] | None) 
 def _generation(state: dict[str, Any] | None) -> str:
     version = state.get("checkpoint_version") if state else None
     return f"megatron legacy torch (checkpoint_version {version})" if version is not None else "megatron legacy torch"
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip archive starts with a local file header
+
+
+def with_save_in_progress(ckpt: Checkpoint, path: Path, megatron_context: bool) -> Checkpoint:
+    """`ckpt` (read from the legacy iteration dir `path`) marked as a save being written when the age rule says so
+    (`inflight.legacy_save_age`: an untracked Megatron iteration whose newest file is within the grace): a shard
+    file cut short (what `torch.save` has written so far: empty, or the start of a zip archive) is then CK132
+    with the age rule's verdict, not CK206; the legacy check reports the missing shard dirs and files as CK132 too.
+    Anything else — a stale dir, the tracked iteration, a file no `torch.save` begins — is left as read."""
+    from dataclasses import replace
+
+    from ckptinspect.formats.inflight import legacy_save_age
+
+    if ckpt.format is not Format.TORCH or not path.is_dir():
+        return ckpt
+    age = legacy_save_age(path, megatron_context)
+    if age is None or age.in_progress is not True:
+        return ckpt
+    found: list[Finding] = []
+    for f in ckpt.findings:
+        if f.code == "CK206" and f.subject is not None and _being_written(path, f.subject):
+            found.append(Finding("CK132", f"{f.subject}: being written ({age.describe()}): a torch.save archive cut "
+                                 "short, the legacy save has not finished", f.subject, f.path,
+                                 {"read_error": f.message, **age.to_dict()}))
+        else:
+            found.append(f)
+    return replace(ckpt, findings=tuple(found), save_in_progress=True)
+
+
+def _being_written(path: Path, rel: str) -> bool:
+    """Whether `rel` is a shard file (`mp_rank_*/<name>.pt`) holding what a `torch.save` in progress would have
+    written: nothing yet, or the first bytes of its zip archive."""
+    from ckptinspect.io.local import open_regular
+
+    parts = rel.split("/")
+    if len(parts) != 2 or parse_shard_dir(parts[0]) is None or not parts[1].endswith(".pt"):
+        return False
+    try:
+        with open_regular(path / rel) as f:
+            head = f.read(len(_ZIP_MAGIC))
+    except OSError:
+        return False
+    return _ZIP_MAGIC.startswith(head)  # b"" (just created) or a prefix of the magic, or the whole magic

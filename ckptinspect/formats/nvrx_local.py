@@ -125,7 +125,8 @@ def read_nvrx_local(root: LocalRoot, iteration: int, label: str) -> Checkpoint:
         topology = replace(topology, world_size=world, sources={**topology.sources, "world_size": "rank dirs"})
     replicas = sorted(f.rel for f in mine if f.holder != str(f.owner))
     return Checkpoint(
-        path=label, format=Format.NVRX_LOCAL, generation="nvidia-resiliency-ext LocalCheckpointManager",
+        path=label, data_dir=str(root.path), format=Format.NVRX_LOCAL,
+        generation="nvidia-resiliency-ext LocalCheckpointManager",
         iteration=iteration, files=tuple(files), args=args,
         common={k: v for k, v in common.items() if k != "args"} if isinstance(common, dict) else None,
         topology=topology, findings=tuple(findings),

@@ -10,6 +10,7 @@ from ckptinspect.errors import BrokenSaveDir, access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.formats.savedir import SaveDir, join_label, read_save_dir, tracked_missing, tracker_unparseable
 from ckptinspect.formats.sniff import path_kind
+from ckptinspect.formats.stacks import outer_layout
 from ckptinspect.model import Kind
 from ckptinspect.io.local import note_failed_open, require_path
 from ckptinspect.io.findings import unread_findings
@@ -41,6 +42,19 @@ def resolve_checkpoint(path: Path, label: str | None = None) -> tuple[Path, str]
                 raise BrokenSaveDir(f"{label}: save dir has no checkpoint a resume would pick", _why(save, label))
             return pick.path, join_label(label, pick.name)
     return path, label
+
+
+def resolve_data_dir(path: Path, label: str | None = None) -> tuple[Path, str]:
+    """For commands that work on one checkpoint's files without reading its metadata (`manifest verify`, `manifest
+    write`): the data dir of the checkpoint `resolve_checkpoint` picks, and its label. It is the dir the reader gives
+    as `Checkpoint.data_dir` (both come from the stack's `outer_layout`): NeMo 2's `<ckpt>/weights/`, where
+    Megatron's `save_integrity_manifest` writes `integrity.json`; the checkpoint dir itself otherwise."""
+    ckpt, ckpt_label = resolve_checkpoint(path, label)
+    with access_guard(ckpt, ckpt_label):
+        layout = outer_layout(ckpt)
+    if layout is None or layout.payload == ckpt:
+        return ckpt, ckpt_label
+    return layout.payload, join_label(ckpt_label, layout.payload.relative_to(ckpt).as_posix())
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from pathlib import Path
 from ckptinspect.errors import UNREAD_CODE, access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.model import Stack, StrEnum
+from ckptinspect.formats.inflight import grace_seconds, written_within_grace
 from ckptinspect.io.local import open_regular
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -34,13 +35,16 @@ class SaveStyle(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Tracker:
     """The tracker file: raw text (None when absent), parsed iteration (int or "release"), parse error; `denied`:
-    the error is that it could not be read here (permission denied, I/O error: CK209, not CK502)."""
+    the error is that it could not be read here (permission denied, I/O error: CK209, not CK502); `writing`: it is
+    empty and was modified within the age rule's grace (`formats/inflight.py`): Megatron's rank 0 is writing it
+    (plain `open('w')`, then the number), so it is a tracker mid-write (CK133), not an unparseable one (CK502)."""
 
     exists: bool
     raw: str | None
     iteration: int | str | None
     error: str | None
     denied: bool = False
+    writing: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {"raw": self.raw, "iteration": self.iteration}
@@ -128,6 +132,8 @@ def read_tracker(path: Path) -> Tracker:
     if len(data) > MAX_TRACKER_BYTES:
         return Tracker(True, data[:64].decode("utf-8", "replace"), None, "larger than 4 KiB: not a tracker")
     raw = data.decode("utf-8", "replace")
+    if not data and written_within_grace(f):
+        return Tracker(True, raw, None, "empty", writing=True)
     text = raw.strip()
     if text == "release":
         return Tracker(True, raw, "release", None)
@@ -239,10 +245,15 @@ def read_save_dir(path: Path) -> SaveDir:
 
 def tracker_unparseable(tracker: Tracker, label: str) -> Finding:
     """CK502, the one construction (the tracker check and `resolve_checkpoint` both report it); CK209 when the
-    tracker could not be read here (the iteration a resume picks is then unknown, not broken)."""
+    tracker could not be read here (the iteration a resume picks is then unknown, not broken); CK133 when it is
+    being written (`Tracker.writing`)."""
     if tracker.denied:
         return Finding(UNREAD_CODE, f"{TRACKER}: {tracker.error}; the tracker was not read, so which iteration a "
                        "resume picks is unknown", TRACKER, label, {"file": TRACKER})
+    if tracker.writing:
+        return Finding("CK133", f"{TRACKER} is empty and was modified within the {grace_seconds():g} s grace: "
+                       "Megatron is writing it (the last step of a save); which iteration a resume picks is known "
+                       "once it is written", TRACKER, label, {"raw": tracker.raw, "grace_seconds": grace_seconds()})
     return Finding("CK502", f"{TRACKER} is unparseable ({tracker.error}); Megatron exits with 'Invalid metadata"
                    " file'", TRACKER, label, {"raw": tracker.raw})
 

@@ -24,6 +24,7 @@ from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import pickle_findings
 from ckptinspect.formats.megatron_fsdp import fsdp_enrich
+from ckptinspect.formats.savedir import join_label
 from ckptinspect.formats.run_config import RUN_CONFIG, args_from_run_config, load_run_config
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Format, Stack
@@ -117,6 +118,10 @@ def enrich(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout | None,
             if stack is not None and why is not None:
                 return _with(ckpt, stack, (why,), ())
         return ckpt
+    if layout.payload != path:
+        # the payload's files (and its integrity.json) are in a sub-dir: the model says where, so no check or service
+        # looks for them in the stack's dir (NeMo 2: `<ckpt>/weights/`)
+        ckpt = replace(ckpt, data_dir=join_label(label, layout.payload.relative_to(path).as_posix()))
     if layout.stack is Stack.NEMO2:
         return _nemo2(ckpt, path, label, layout)
     return _bridge(ckpt, path, label, layout, payload_complete)

@@ -270,6 +270,11 @@ class Checkpoint:
     """One checkpoint (an ``iter_*`` dir, a DCP ``step-*`` dir, a legacy iteration dir).
 
     path: the dir, as given.
+    data_dir: where its data lives, as a location like `path` (local path or URL, `storage.location` reads it):
+        the dir that `files` names, `StoredItem.file` and the integrity manifest (`integrity.json`) are relative to.
+        Set by the reader that knows it; `path` itself (the default) when the files are in the checkpoint dir.
+        NeMo 2 keeps its payload in ``<ckpt>/weights/``; an NVRx iteration's files are in the rank dirs of its
+        root; a single legacy `.pt` file's dir is its parent. Checks and services open data through it only.
     format: its format, or None when unrecognized.
     generation: producer generation, e.g. ``megatron-core<=0.18 (common.pt)``; None when unknown.
     iteration: from the common state / dir name, or None.
@@ -297,6 +302,9 @@ class Checkpoint:
     rank_metadata: DCP per-rank metadata (`dcp.save(..., use_collectives=False)`): the `__R.metadata` files read and
       merged (`formats/dcp_ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
       replicas, not overlaps. Empty for a checkpoint with one `.metadata`.
+    save_in_progress: the reader found a save being written here (a legacy `mp_rank_*` iteration the tracker does not
+      name, whose newest file is within the age rule's grace, `formats/inflight.py`): what is missing or cut is the
+      write in progress, so the checks report it as CK132 (incomplete), not as damage.
     raw_tensor_items: tensor chunks are raw element bytes (DCP's Hugging Face storage writer: safetensors data), not
       torch archives: `--deep` checks their place and length only, and there is no pickle in them to scan.
     """
@@ -323,10 +331,14 @@ class Checkpoint:
     sharded_backend: ShardedBackend | None = None
     rank_metadata: tuple[str, ...] = ()
     raw_tensor_items: bool = False
+    data_dir: str = ""
+    save_in_progress: bool = False
 
     def __post_init__(self) -> None:
         # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).
         set_ = object.__setattr__
+        if not self.data_dir:
+            set_(self, "data_dir", self.path)
         if self.args is not None:
             set_(self, "args", frozen(self.args))
         if self.common is not None:

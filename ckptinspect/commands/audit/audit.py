@@ -190,10 +190,10 @@ def _save_dir_findings(save: SaveDir, statuses: Mapping[str, Status], label: str
 
 
 def _slim(c: Checkpoint) -> Checkpoint:
-    """What a report keeps of a leftover iteration's checkpoint: its identity (path, format, iteration, generation)
-    and the reader's findings."""
+    """What a report keeps of a leftover iteration's checkpoint: its identity (path, data dir, format, iteration,
+    generation) and the reader's findings."""
     return Checkpoint(path=c.path, format=c.format, generation=c.generation, iteration=c.iteration,
-                      findings=c.findings)
+                      findings=c.findings, data_dir=c.data_dir)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from ckptinspect.commands.diff.args import ArgDiff, categorize, diff_args, diff_
 from ckptinspect.commands.diff import optim
 from ckptinspect.commands.diff.optim import OptimSummary
 from ckptinspect.commands.diff.reformulated import compare_logical, reformulated
+from ckptinspect.io import location
 from ckptinspect.progress import ProgressHook  # progress(advance, total, description): bytes of A's chunks
 
 
@@ -265,7 +266,7 @@ def diff_checkpoints(
     a: Checkpoint, b: Checkpoint, *, values: bool = False, progress: ProgressHook | None = None,
     a_dir: Path | None = None, b_dir: Path | None = None,
 ) -> DiffResult:
-    """Compare two read checkpoints. `a_dir` / `b_dir`: where their files are (default: `Checkpoint.path`); only
+    """Compare two read checkpoints. `a_dir` / `b_dir`: where their files are (default: `Checkpoint.data_dir`); only
     `values=True` reads files. Never raises for a broken checkpoint: what could not be compared becomes `notes` or
     `values.skipped`."""
     notes: list[str] = []
@@ -315,10 +316,11 @@ def diff_checkpoints(
 
 
 def _root(c: Checkpoint, given: Path | None) -> ChunkSource:
-    root = given if given is not None else Path(c.path)
-    if root.is_file():  # a single legacy `.pt` file: StoredItem.file is relative to its dir
-        root = root.parent
-    return ChunkSource(root, raw=c.format is Format.TORCH)
+    if given is None:
+        return ChunkSource(location(c.data_dir), raw=c.format is Format.TORCH)  # where the reader found its files
+    if given.is_file():  # a single legacy `.pt` file: StoredItem.file is relative to its dir
+        given = given.parent
+    return ChunkSource(given, raw=c.format is Format.TORCH)
 
 
 def _compare_values(
@@ -376,4 +378,4 @@ def diff_paths(a: Path, b: Path, *, values: bool = False, progress: ProgressHook
     pb, lb = resolve_checkpoint(b, b_label)
     ca = read_checkpoint(pa, la)
     cb = read_checkpoint(pb, lb)
-    return diff_checkpoints(ca, cb, values=values, progress=progress, a_dir=pa, b_dir=pb)
+    return diff_checkpoints(ca, cb, values=values, progress=progress)  # each side's files: its `data_dir`
