@@ -24,7 +24,7 @@ from typing import Any
 from ckptinspect.pickling.builders import BUILDERS, DType, StorageType
 from ckptinspect.pickling.allowlist import TORCH_DTYPES, TORCH_STORAGE_DTYPES, GlobalClass
 from ckptinspect.pickling.policy import resolve
-from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.pickling.report import PickleReport
 
 LOW_MEMO = 1 << 16  # memo slots that keep any value
 MAX_STACK = 1_000_000  # stack entries + open MARKs before giving up (the reference bounds deeper input)

@@ -30,7 +30,7 @@ from ckptinspect.pickling.stream_eval import (
     StoragePairs,
     resolve_global,
 )
-from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.pickling.report import PickleReport
 
 BLOCK = 8 << 20
 MARGIN = 1 << 16  # bytes kept ahead of the cursor: every fixed-size argument and every fast-path record fits
