@@ -19,7 +19,8 @@ from ckptinspect.pickling.allowlist import GlobalClass
 if TYPE_CHECKING:
     from ckptinspect.pickling.walk import PickleWalk
 
-_RANK = {GlobalClass.ALLOWED: 0, GlobalClass.UNKNOWN: 1, GlobalClass.DANGEROUS: 2}
+# How bad a verdict is: a name seen twice keeps the worse (the walk's `PickleWalk.globals`, `PickleReport.note`).
+VERDICT_RANK = {GlobalClass.ALLOWED: 0, GlobalClass.UNKNOWN: 1, GlobalClass.DANGEROUS: 2}
 
 
 @dataclass(slots=True)
@@ -29,12 +30,24 @@ class PickleReport:
     globals: dict[str, GlobalClass] = field(default_factory=dict)
     called: dict[str, str] = field(default_factory=dict)  # globals called that are not inert constructors → where
 
+    def note(self, qual: str, verdict: GlobalClass) -> None:
+        """Record a global as the pickle spells it. One spelling can name two globals (`torch` + `a.B` and `torch.a` +
+        `B` are both `torch.a.B`, judged apart by `policy.resolve`): the worse verdict stays, whatever the order."""
+        prev = self.globals.get(qual)
+        if prev is None or VERDICT_RANK[verdict] > VERDICT_RANK[prev]:
+            self.globals[qual] = verdict
+
+    def merge(self, other: PickleReport) -> None:
+        """Take over what another report saw (a sniff's read, one rank's `__R.metadata`)."""
+        for q, v in other.globals.items():
+            self.note(q, v)
+        for q, at in other.called.items():
+            self.called.setdefault(q, at)
+
     def merge_walk(self, walk: PickleWalk, where: str = "") -> None:
         """Take over what the opcode walk of a pickle found (the verdict `scan` gives the same bytes)."""
         for q, v in walk.globals.items():
-            prev = self.globals.get(q)
-            if prev is None or _RANK[v] > _RANK[prev]:
-                self.globals[q] = v
+            self.note(q, v)
         for q, at in walk.called.items():
             self.called.setdefault(q, f"{at}{' of ' + where if where else ''}")
 

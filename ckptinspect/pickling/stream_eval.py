@@ -312,16 +312,17 @@ class Memo:
         return OPAQUE
 
 
-def resolve_global(module: str, name: str, report: PickleReport, cache: dict[str, Any]) -> Any:
-    """What a GLOBAL / STACK_GLOBAL pushes, judged exactly as `SafeUnpickler.find_class` judges it."""
-    qual = f"{module}.{name}"
-    hit = cache.get(qual)
+def resolve_global(module: str, name: str, report: PickleReport, cache: dict[tuple[str, str], Any]) -> Any:
+    """What a GLOBAL / STACK_GLOBAL pushes, judged exactly as `SafeUnpickler.find_class` judges it. Cached per
+    (module, name) as spelled: two spellings of one qualified name may be judged apart (`policy.resolve`)."""
+    key = (module, name)
+    hit = cache.get(key)
     if hit is not None:
-        report.globals[qual] = hit[1]
-        return hit[0]
+        report.note(hit[0], hit[2])
+        return hit[1]
     r = resolve(module, name)  # the one rule, as `SafeUnpickler.find_class` asks it
-    verdict = r.verdict
-    report.globals[qual] = verdict
+    qual, verdict = r.qual, r.verdict
+    report.note(qual, verdict)
     if verdict is not GlobalClass.ALLOWED:
         raise Fallback(f"global {qual} is {verdict.value}")
     module, name = r.target
@@ -335,7 +336,7 @@ def resolve_global(module: str, name: str, report: PickleReport, cache: dict[str
     else:
         # named as spelled, as the reference's stand-in classes are; judged as the unpickler would import it
         value = Global(qual, name, r.call_ok, r.new_ok)
-    cache[qual] = (value, verdict)
+    cache[key] = (qual, value, verdict)
     return value
 
 

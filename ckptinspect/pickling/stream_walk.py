@@ -51,7 +51,7 @@ class Walker:
         self.stack: list[Any] = []
         self.marks: list[int] = []
         self.memo = Memo()
-        self.cache: dict[str, Any] = {}
+        self.cache: dict[tuple[str, str], Any] = {}
         self.plans = False
         self.fast: dict[int, FastPath] = {}
         # fast-path markers pushed / consumed by the list append or dict update that follows them

@@ -103,7 +103,7 @@ class SafeUnpickler(pickle.Unpickler):
         # them), reported as the pickle spells it; the stand-in is chosen for what it resolves to.
         r = resolve(module, name)
         qual, verdict = r.qual, r.verdict
-        self.report.globals[qual] = verdict
+        self.report.note(qual, verdict)
         if verdict is GlobalClass.ALLOWED:
             module, name = r.target
             if self.discard_plans and not self._in_plans and name.endswith("SavePlan"):
