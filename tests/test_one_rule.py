@@ -82,3 +82,17 @@ def test_a_name_spelled_two_ways_keeps_the_worse_verdict_in_every_reader() -> No
         assert streamed.globals[QUAL] is GlobalClass.DANGEROUS, (first, second, fallback)
         assert fallback is not None  # judged by the reference, which the walk's verdict is merged into
         assert _findings(streamed)[0]["code"] == "CK601"
+
+
+def test_a_pickle_after_the_metadata_is_judged_by_the_streaming_reader_too() -> None:
+    """Drift: the streaming reader stopped at the first STOP, while the walk (and so `scan` and the reference reader)
+    judges the pickles that follow it: a `.metadata` with a dangerous pickle appended read as safe."""
+    data = DCP_METADATA.read_bytes() + b"\x80\x04" + _u("os") + _u("system") + b"\x93."
+    assert walk_pickle(data).globals["os.system"] is GlobalClass.DANGEROUS
+    streamed, fallback = _stream(data)
+    assert fallback == "bytes after STOP"
+    assert streamed.globals["os.system"] is GlobalClass.DANGEROUS
+    assert [f["code"] for f in _findings(streamed)] == ["CK601"]
+    # bytes that are no pickle change nothing: the reference reads the same model
+    _, fallback = _stream(DCP_METADATA.read_bytes())
+    assert fallback is None

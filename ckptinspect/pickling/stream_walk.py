@@ -379,6 +379,10 @@ def walk(w: Walker) -> Any:
         elif op == 0x2E:  # STOP
             if len(stack) != 1 or marks or not w.markers_ok():
                 raise Fallback("STOP with a stack")
+            if pos < len(buf) or w.read(1):
+                # What follows a STOP is judged too (a second pickle, or bytes that name globals: the walk reads up
+                # to `walk.MAX_STREAM_PICKLES` of them); the reference reader merges that walk's verdict.
+                raise Fallback("bytes after STOP")
             return stack[0]
         else:
             raise Fallback(f"opcode 0x{op:02x}")
