@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+
 from ckptinspect.errors import ReadError
 from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
 from ckptinspect.pickling.allowlist import GlobalClass
@@ -96,3 +98,33 @@ def test_a_pickle_after_the_metadata_is_judged_by_the_streaming_reader_too() -> 
     # bytes that are no pickle change nothing: the reference reads the same model
     _, fallback = _stream(DCP_METADATA.read_bytes())
     assert fallback is None
+
+
+_IMPORT_MODULE = _u("megatron.core.transformer.spec_utils") + _u("import_module") + b"\x93"  # allowed by prefix
+_NAMESPACE = _u("argparse") + _u("Namespace") + b"\x93)\x81"  # an instance of an allowed plain class
+# Ways a pickle gets a global called without REDUCE-ing it, each leaving the stack as it was (the final POP).
+IMPLICIT_CALLS = {
+    "a __setstate__ hook in a BUILD state": _NAMESPACE + b"}" + _u("__setstate__") + _IMPORT_MODULE + b"sb}b0",
+    "an append hook": _NAMESPACE + b"}" + _u("append") + _IMPORT_MODULE + b"sb0",
+    "a __class__ slot state": _NAMESPACE + b"N}" + _u("__class__") + _IMPORT_MODULE + b"s\x86b0",
+    "a class as the BUILD state": _NAMESPACE + _IMPORT_MODULE + b"b0",
+    "defaultdict's default factory": _u("collections") + _u("defaultdict") + b"\x93" + _IMPORT_MODULE + b"\x85R0",
+    "functools.partial": _u("functools") + _u("partial") + b"\x93" + _IMPORT_MODULE + b"\x85R0",
+}
+
+
+@pytest.mark.parametrize("gadget", list(IMPLICIT_CALLS))
+def test_a_global_called_implicitly_in_a_metadata_is_judged_by_the_streaming_reader(gadget: str) -> None:
+    """Drift: the streaming reader judged only REDUCE / NEWOBJ callees, so a `.metadata` holding a global the
+    unpickler calls through a hook, a state or a `THROUGH` helper read as safe where the walk (`scan`) reports
+    CK604. It now hands what it does not judge as the walk does to the reference reader."""
+    data = _before_stop(DCP_METADATA.read_bytes(), IMPLICIT_CALLS[gadget])
+    walk = walk_pickle(data)
+    assert "megatron.core.transformer.spec_utils.import_module" in walk.called
+    streamed, fallback = _stream(data)
+    assert fallback is not None
+    assert streamed.called.keys() == walk.called.keys()
+    walked = PickleReport()
+    walked.merge_walk(walk)
+    assert _findings(streamed) == _findings(walked)
+    assert "CK604" in {f["code"] for f in _findings(streamed)}
