@@ -1,5 +1,5 @@
 """The one `PickleReport` and the one builder of the pickle-safety findings (CK601 dangerous, CK602 outside the
-allowlist, CK604 called).
+allowlist, CK604 called; CK603 / CK605 for a walk past its bounds: `bound_finding`).
 
 `PickleReport` is what the readers of pickles saw: the verdict of every global (`policy.resolve`) and the globals
 called (with where), filled by the safe unpickler, the opcode walk merged into it and the streaming `.metadata`
@@ -95,3 +95,13 @@ def called_finding(called: Mapping[str, str], subject: str, path: str | None, wh
         "constructor: torch.load / pickle.load would run it (not executed here)", subject, path,
         {**(details or {}), "globals": names, "calls": {q: called[q] for q in names}},
     )
+
+
+def bound_finding(limit: str, unjudged: bool, subject: str, path: str | None, what: str,
+                  details: Mapping[str, object]) -> Finding:
+    """CK605 when a walk hit a bound of the scanner's own (the rest was not judged: fail closed), CK603 when the pickle
+    exceeds what the unpickler could build (`PickleWalk.limit` / `unjudged`)."""
+    if unjudged:
+        return Finding("CK605", f"{what} was not judged to its end, a bound of the scanner's was hit: {limit} (fail "
+                       "closed: what follows may run code)", subject, path, dict(details))
+    return Finding("CK603", f"{what} exceeds the scanner's bounds: {limit}", subject, path, dict(details))
