@@ -122,9 +122,7 @@ def read_rank_metadata(path: Path, rf: RankFiles, label: str) -> tuple[DcpMetada
             continue
         finally:
             findings.extend(pickle_findings(rep, name, label))
-            report.globals.update(rep.globals)
-            for q, at in rep.called.items():
-                report.called.setdefault(q, at)
+            report.merge(rep)
         first = first or md
         for t in md.tensors:
             have = merged.get(t.key)

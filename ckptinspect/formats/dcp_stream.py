@@ -97,7 +97,7 @@ def read_dcp_metadata_columns(
                 out = _finish(root, w)
             finally:
                 w.release()  # breaks the walker <-> fast-path cycle, which `no_gc`'s freeze would keep forever
-        report.globals.update(probe.globals)
+        report.merge(probe)
         return out
     except Fallback as e:
         why = str(e) or "fallback"
@@ -110,7 +110,7 @@ def read_dcp_metadata_columns(
     if remaining > MAX_PICKLE_BYTES:
         # The reference keeps the whole object graph: beyond its bound it is not asked to. What the walk judged
         # (a dangerous global among them) is reported all the same.
-        report.globals.update(probe.globals)
+        report.merge(probe)
         raise ReadError(f".metadata of {remaining} bytes needs the reference unpickler ({why}), which is bounded "
                         f"to {MAX_PICKLE_BYTES} bytes", "CK603")
     md = read_dcp_metadata(f, report)
@@ -136,9 +136,7 @@ def read_metadata_file(path: Path, report: PickleReport | None = None, keep: boo
         hit = _SHARED.pop(key, None)
         if hit is not None:
             # the whole verdict, not only the globals: a call outside the inert constructors is what makes it unsafe
-            report.globals.update(hit.report.globals)
-            for q, at in hit.report.called.items():
-                report.called.setdefault(q, at)
+            report.merge(hit.report)
             if keep:
                 _SHARED[key] = hit
             return hit

@@ -12,7 +12,8 @@ The verdict:
   tensor storages).
 
 Reading:
-- `unpickle.py`: the only unpickler (allowlisting; globals become inert stand-ins), its bounds and `PickleReport`;
+- `unpickle.py`: the only unpickler (allowlisting; globals become inert stand-ins) and its bounds; `report.py`: the
+  one `PickleReport` (what was referenced and called) and the one builder of its findings (CK601 / CK602 / CK604);
 - `standins.py`, `builders.py` (stand-in values for allowlisted torch / numpy / builtin constructors), `plain.py`
   (stand-ins to plain values);
 - `torch_archive.py`: `torch.save` zip archives (directory, `data.pkl`, storages);

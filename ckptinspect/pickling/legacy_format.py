@@ -17,7 +17,8 @@ from typing import IO, Any
 from ckptinspect.errors import ReadError
 from ckptinspect.model import dtype_size
 from ckptinspect.pickling.builders import StorageRef
-from ckptinspect.pickling.unpickle import PickleReport, SafeUnpickler, unpickle_stream
+from ckptinspect.pickling.unpickle import SafeUnpickler, unpickle_stream
+from ckptinspect.pickling.report import PickleReport
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001

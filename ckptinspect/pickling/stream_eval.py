@@ -23,8 +23,8 @@ from typing import Any
 
 from ckptinspect.pickling.builders import BUILDERS, DType, StorageType
 from ckptinspect.pickling.allowlist import TORCH_DTYPES, TORCH_STORAGE_DTYPES, GlobalClass
-from ckptinspect.pickling.policy import resolve
-from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.pickling.policy import DICT_MAKERS, SLOT_HOOK_NAMES, STR_MAKERS, resolve
+from ckptinspect.pickling.report import PickleReport
 
 LOW_MEMO = 1 << 16  # memo slots that keep any value
 MAX_STACK = 1_000_000  # stack entries + open MARKs before giving up (the reference bounds deeper input)
@@ -128,9 +128,11 @@ STORAGE_MARK = _Sentinel("<storage>")  # dict key: this dict's entries are the s
 _FUNC_TYPES = (type(len), type(lambda: 0), type)
 _KEEP = frozenset({str, DType, StorageType, int, float, bool, type(None), Global, *_FUNC_TYPES})
 _FUNCTIONS: dict[tuple[str, str], Any] = dict(BUILDERS)
-_RECONSTRUCT = object()
-_FUNCTIONS[("copyreg", "_reconstructor")] = _RECONSTRUCT
-_FUNCTIONS[("copy_reg", "_reconstructor")] = _RECONSTRUCT
+# The values REDUCE may call: the pure data builders, nothing else that happens to be callable.
+BUILDER_VALUES: frozenset[Any] = frozenset(map(id, _FUNCTIONS.values()))
+# Globals whose results the walk does not keep apart (`judge.makes_str` / `judge.makes_dict`): as a dict key or a BUILD
+# state the walk counts what went into them. No DCP writer uses one; the reference reader judges them.
+_UNMODELLED = STR_MAKERS | DICT_MAKERS
 
 
 class Sink:
@@ -312,18 +314,23 @@ class Memo:
         return OPAQUE
 
 
-def resolve_global(module: str, name: str, report: PickleReport, cache: dict[str, Any]) -> Any:
-    """What a GLOBAL / STACK_GLOBAL pushes, judged exactly as `SafeUnpickler.find_class` judges it."""
-    qual = f"{module}.{name}"
-    hit = cache.get(qual)
+def resolve_global(module: str, name: str, report: PickleReport, cache: dict[tuple[str, str], Any]) -> Any:
+    """What a GLOBAL / STACK_GLOBAL pushes, judged exactly as `SafeUnpickler.find_class` judges it. Cached per
+    (module, name) as spelled: two spellings of one qualified name may be judged apart (`policy.resolve`)."""
+    key = (module, name)
+    hit = cache.get(key)
     if hit is not None:
-        report.globals[qual] = hit[1]
-        return hit[0]
+        report.note(hit[0], hit[2])
+        return hit[1]
     r = resolve(module, name)  # the one rule, as `SafeUnpickler.find_class` asks it
-    verdict = r.verdict
-    report.globals[qual] = verdict
+    qual, verdict = r.qual, r.verdict
+    report.note(qual, verdict)
     if verdict is not GlobalClass.ALLOWED:
         raise Fallback(f"global {qual} is {verdict.value}")
+    if r.through or qual in _UNMODELLED:
+        # What a call of it does with its arguments (`callables.through_kind`: `functools.partial`,
+        # `copyreg._reconstructor`, `collections.defaultdict`, ...) is what the walk judges: the reference reads it.
+        raise Fallback(f"global {qual} calls or keeps its arguments")
     module, name = r.target
     fn = _FUNCTIONS.get((module, name))
     if fn is not None:
@@ -335,8 +342,27 @@ def resolve_global(module: str, name: str, report: PickleReport, cache: dict[str
     else:
         # named as spelled, as the reference's stand-in classes are; judged as the unpickler would import it
         value = Global(qual, name, r.call_ok, r.new_ok)
-    cache[qual] = (value, verdict)
+    cache[key] = (qual, value, verdict)
     return value
+
+
+def may_hook(state: Any) -> bool:
+    """True when a BUILD with `state` may install a hook the unpickler calls later, as the walk judges it
+    (`judge.hooked`): a class or function that may not be called, an instance (the walk keeps NEWOBJ results whole),
+    or a `(state, slotstate)` pair holding one. Dicts had their keys checked as they were filled (`hook_key`)."""
+    c = state.__class__
+    if c is Global:
+        return not state.call_ok
+    if c is Inst:
+        return True
+    if c is tuple and len(state) == 2:
+        return may_hook(state[0]) or may_hook(state[1])
+    return False
+
+
+def hook_key(key: Any) -> bool:
+    """True for a dict key under which a stored value may be called (`policy.SLOT_HOOK_NAMES`; `judge.dict_value`)."""
+    return key.__class__ is str and key in SLOT_HOOK_NAMES
 
 
 _D = struct.Struct("<d")

@@ -11,8 +11,8 @@ from typing import IO, Any, Callable
 
 from ckptinspect.pickling.stream_eval import (
     _D,
-    _RECONSTRUCT,
     _UNSET,
+    BUILDER_VALUES,
     CHUNK,
     MAX_BYTES_ARG,
     MAX_STACK,
@@ -28,9 +28,11 @@ from ckptinspect.pickling.stream_eval import (
     Rows,
     Sink,
     StoragePairs,
+    hook_key,
+    may_hook,
     resolve_global,
 )
-from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.pickling.report import PickleReport
 
 BLOCK = 8 << 20
 MARGIN = 1 << 16  # bytes kept ahead of the cursor: every fixed-size argument and every fast-path record fits
@@ -51,7 +53,7 @@ class Walker:
         self.stack: list[Any] = []
         self.marks: list[int] = []
         self.memo = Memo()
-        self.cache: dict[str, Any] = {}
+        self.cache: dict[tuple[str, str], Any] = {}
         self.plans = False
         self.fast: dict[int, FastPath] = {}
         # fast-path markers pushed / consumed by the list append or dict update that follows them
@@ -103,6 +105,9 @@ class Walker:
             raise Fallback("NEWOBJ on a non-class")
         if not cls.new_ok:  # the reference judges it (a call: CK604)
             raise Fallback(f"NEWOBJ on {cls.qual}, which may run code")
+        if cls.rec and args:
+            # the reference's records ignore NEWOBJ arguments, the walk does not (what went in may be called later)
+            raise Fallback(f"NEWOBJ on {cls.qual} with arguments")
         inst = Inst(cls)
         if not cls.rec:
             inst.state = {"_args": args} if args else {}
@@ -111,17 +116,13 @@ class Walker:
     def reduce(self, fn: Any, args: Any) -> Any:
         if type(args) is not tuple:
             raise Fallback("REDUCE arguments are not a tuple")
-        if fn is _RECONSTRUCT:
-            # `base.__new__(cls, state)` + `base.__init__`: no DCP writer uses it (protocol 0/1 only); the reference
-            # judges what it runs.
-            raise Fallback("copyreg._reconstructor")
         if fn.__class__ is Global:
             if fn.rec:
                 raise Fallback("REDUCE on a record class")
             if not fn.call_ok:  # `cls(*args)` runs its `__init__`: the reference judges it (CK604)
                 raise Fallback(f"REDUCE on {fn.qual}, which may run code")
             return self.new_inst(fn, args)
-        if not callable(fn):
+        if id(fn) not in BUILDER_VALUES:
             raise Fallback("REDUCE on a value")
         for a in args:
             if a is OPAQUE or a.__class__ in (Inst, CountList, Rows):
@@ -135,6 +136,8 @@ class Walker:
             if self.plans and inst is OPAQUE:
                 return
             raise Fallback("BUILD on a non-object")
+        if may_hook(state):
+            raise Fallback("a BUILD state that may install a hook")
         if not inst.cls.rec:  # `StatefulObj.__setstate__`
             d = inst.state
             if type(state) is dict:
@@ -182,10 +185,14 @@ class Walker:
                 raise Fallback("odd SETITEMS")
             v = items[i + 1]
             i += 2
-            if k.__class__ is Inst and not self.plans:
+            if k.__class__ is Inst:
+                if self.plans:
+                    raise Fallback("an object as a dict key in the plans")
                 sink.add_storage(k, v)
                 d[STORAGE_MARK] = True
                 continue
+            if hook_key(k):
+                raise Fallback(f"a value stored under {k!r}, a name the unpickler calls")
             try:
                 d[k] = v
             except TypeError as e:
@@ -379,6 +386,10 @@ def walk(w: Walker) -> Any:
         elif op == 0x2E:  # STOP
             if len(stack) != 1 or marks or not w.markers_ok():
                 raise Fallback("STOP with a stack")
+            if pos < len(buf) or w.read(1):
+                # What follows a STOP is judged too (a second pickle, or bytes that name globals: the walk reads up
+                # to `walk.MAX_STREAM_PICKLES` of them); the reference reader merges that walk's verdict.
+                raise Fallback("bytes after STOP")
             return stack[0]
         else:
             raise Fallback(f"opcode 0x{op:02x}")

@@ -23,7 +23,8 @@ from typing import IO, Any
 from ckptinspect.model import dtype_size
 from ckptinspect.pickling.candidates import Walked, blob_walks
 from ckptinspect.pickling.engine import walk_segment
-from ckptinspect.pickling.unpickle import PREWALK_MAX_BYTES, PickleReport, load_pickle
+from ckptinspect.pickling.unpickle import PREWALK_MAX_BYTES, load_pickle
+from ckptinspect.pickling.report import PickleReport
 from ckptinspect.pickling.walk import MAX_OPS, MAX_STACK, PickleWalk, is_pickle_start, walk_pickle, walk_stream
 from ckptinspect.pickling.walkstate import Source, Stop
 from ckptinspect.io.local import FileSlice

@@ -23,7 +23,8 @@ from ckptinspect.pickling.legacy_format import read_legacy_pickles
 from ckptinspect.pickling.tar_archive import tar_walks
 from ckptinspect.pickling.walk import is_pickle_start, walk_stream
 from ckptinspect.pickling.zipdir import local_data_start
-from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, PickleReport, load_pickle, short_error, vet_walk
+from ckptinspect.pickling.unpickle import MAX_ARCHIVE_PICKLE_BYTES, load_pickle, short_error, vet_walk
+from ckptinspect.pickling.report import PickleReport
 
 @dataclass(frozen=True, slots=True)
 class ArchiveRecord:

@@ -19,7 +19,6 @@ import os
 import pickle
 from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
@@ -31,6 +30,7 @@ from ckptinspect.pickling.allowlist import (
     GlobalClass,
 )
 from ckptinspect.pickling.policy import resolve
+from ckptinspect.pickling.report import PickleReport as PickleReport
 from ckptinspect.pickling.standins import (
     _COMPACT_FIELDS,
     _HEAPTYPE,
@@ -47,39 +47,7 @@ from ckptinspect.pickling.standins import (
 MAX_PICKLE_BYTES = 4 << 30  # a 1M-chunk `.metadata` is ~300 MB
 MAX_ARCHIVE_PICKLE_BYTES = 1 << 30  # `data.pkl` inside a torch archive
 PREWALK_MAX_BYTES = 16 << 20  # pickles up to this size are read whole; larger ones are walked and read as streams
-_RANK = {GlobalClass.ALLOWED: 0, GlobalClass.UNKNOWN: 1, GlobalClass.DANGEROUS: 2}
 MAX_NESTING = 200  # depth `to_plain` follows (two Python frames per level: stay far below the recursion limit)
-
-
-@dataclass(slots=True)
-class PickleReport:
-    """What one unpickling saw: every global it referenced, with the allowlist verdict."""
-
-    globals: dict[str, GlobalClass] = field(default_factory=dict)
-    called: dict[str, str] = field(default_factory=dict)  # globals called that are not inert constructors → where
-
-    def merge_walk(self, walk: PickleWalk, where: str = "") -> None:
-        """Take over what the opcode walk of a pickle found (the verdict `scan` gives the same bytes)."""
-        for q, v in walk.globals.items():
-            prev = self.globals.get(q)
-            if prev is None or _RANK[v] > _RANK[prev]:
-                self.globals[q] = v
-        for q, at in walk.called.items():
-            self.called.setdefault(q, f"{at}{' of ' + where if where else ''}")
-
-    @property
-    def unsafe(self) -> bool:
-        """The real loader would run code from what was read: a dangerous global, or a call outside the inert
-        constructors."""
-        return bool(self.called) or bool(self.dangerous)
-
-    @property
-    def dangerous(self) -> list[str]:
-        return sorted(k for k, v in self.globals.items() if v is GlobalClass.DANGEROUS)
-
-    @property
-    def unknown(self) -> list[str]:
-        return sorted(k for k, v in self.globals.items() if v is GlobalClass.UNKNOWN)
 
 
 def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
@@ -135,7 +103,7 @@ class SafeUnpickler(pickle.Unpickler):
         # them), reported as the pickle spells it; the stand-in is chosen for what it resolves to.
         r = resolve(module, name)
         qual, verdict = r.qual, r.verdict
-        self.report.globals[qual] = verdict
+        self.report.note(qual, verdict)
         if verdict is GlobalClass.ALLOWED:
             module, name = r.target
             if self.discard_plans and not self._in_plans and name.endswith("SavePlan"):

@@ -37,6 +37,7 @@ from ckptinspect.pickling.engine import (
     walk_segment,
 )
 from ckptinspect.pickling.walkstate import GlobalRef as GlobalRef, Source, Stop
+from ckptinspect.pickling.report import VERDICT_RANK
 from ckptinspect.pickling.opcodes import HIGHEST_PROTOCOL, VALID_OPCODES, _PROTO_BYTE, _STOP_BYTE
 
 MAX_OPS = 50_000_000  # opcodes per pickle stream (all concatenated pickles together)
@@ -46,9 +47,6 @@ MAX_OPS = 50_000_000  # opcodes per pickle stream (all concatenated pickles toge
 # with an opcode byte (99 elements: b"c", GLOBAL) read as globals, and a benign file as unsafe.
 MAX_STREAM_PICKLES = 5
 MAX_STACK = 20_000_000  # stack entries + open MARKs
-
-_VERDICT_RANK = {GlobalClass.ALLOWED: 0, GlobalClass.UNKNOWN: 1, GlobalClass.DANGEROUS: 2}
-
 
 @dataclass(slots=True)
 class PickleWalk:
@@ -97,7 +95,7 @@ class PickleWalk:
         out: dict[str, GlobalClass] = {}
         for r in self.refs:
             prev = out.get(r.qualname)
-            if prev is None or _VERDICT_RANK[r.verdict] > _VERDICT_RANK[prev]:
+            if prev is None or VERDICT_RANK[r.verdict] > VERDICT_RANK[prev]:
                 out[r.qualname] = r.verdict
         return out
 

@@ -19,7 +19,7 @@ from typing import IO, Any
 from ckptinspect.findings import Finding
 from ckptinspect.model import frozen
 from ckptinspect.pickling.candidates import EXTRA_STATE, Walked, archive_walks, blob_walks
-from ckptinspect.pickling.report import safety_findings
+from ckptinspect.pickling.report import bound_finding, safety_findings
 from ckptinspect.pickling.zipdir import ZipMember, data_offset, is_pickle_member, member_bytes
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.tar_archive import tar_walks
@@ -122,15 +122,11 @@ class ContainerScan:
             details["transforms"] = list(where.transforms)
         if member:
             details["member"] = member
-        self.findings.extend(safety_findings(verdicts, walk.called, subject, where.label,
-                                             f"{subject}: pickle in {loc}", details))
-        if walk.limit is not None and walk.unjudged:
-            self.findings.append(Finding("CK605", f"{subject}: pickle in {loc} was not judged to its end, a bound of "
-                                         f"the scanner's was hit: {walk.limit} (fail closed: what follows may run "
-                                         "code)", subject, where.label, {**details, "pickle_bytes": size}))
-        elif walk.limit is not None:
-            self.findings.append(Finding("CK603", f"{subject}: pickle in {loc} exceeds the scanner's bounds: "
-                                         f"{walk.limit}", subject, where.label, {**details, "pickle_bytes": size}))
+        what = f"{subject}: pickle in {loc}"
+        self.findings.extend(safety_findings(verdicts, walk.called, subject, where.label, what, details))
+        if walk.limit is not None:
+            self.findings.append(bound_finding(walk.limit, walk.unjudged, subject, where.label, what,
+                                               {**details, "pickle_bytes": size}))
         elif walk.error is not None:
             self.problem(where, f"pickle{' ' + member if member else ''} cannot be walked to its end: {walk.error}",
                          where.unreadable_code)
