@@ -14,8 +14,9 @@ import pytest
 from ckptinspect.commands.audit.summary import summarize
 from ckptinspect.checks import CheckContext
 from ckptinspect.checks import coverage, storage
-from ckptinspect.formats import _files, dcp_stream, read_checkpoint
-from ckptinspect.formats._stream_table import table_from_tensors
+from ckptinspect.formats import _files, read_checkpoint
+from ckptinspect.formats.dcp import stream as dcp_stream
+from ckptinspect.formats.dcp.table import table_from_tensors
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor
 from conftest import SAMPLES
 from corpus import CASES, Ctx, missing_source

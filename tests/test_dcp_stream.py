@@ -1,4 +1,4 @@
-"""The streaming `.metadata` reader (`formats/dcp_stream.py`) against the reference unpickler (`dcp_metadata.py`).
+"""The streaming `.metadata` reader (`formats/dcp/stream.py`) against the reference unpickler (`metadata.py`).
 
 Same model (every field of `DcpMetadata`, the chunk table materialised), same globals reported, same error codes,
 on every sample, on every `.metadata` of the acceptance corpus, on hostile edits (a dangerous global inside
@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from ckptinspect.errors import ReadError
-from ckptinspect.pickling import stream_fast as _stream_fast
+from ckptinspect.formats.dcp import vm_fast as _stream_fast
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.unpickle import PickleReport
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.metadata import read_dcp_metadata
+from ckptinspect.formats.dcp.stream import read_dcp_metadata_columns
 from conftest import SAMPLES
 from corpus import CASES, Ctx, Harmless, Hostile, copy_source, edit_metadata, missing_source
 

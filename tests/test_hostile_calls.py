@@ -30,7 +30,7 @@ import pytest
 from ckptinspect.commands.audit.audit import audit
 from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.findings import Status
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.stream import read_dcp_metadata_columns
 from ckptinspect.pickling.callables import PLAIN_CLASSES
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.walk import walk_pickle

@@ -1,4 +1,4 @@
-"""The batch decoders of the streaming `.metadata` reader (`pickling/stream_batch.py`, `stream_fast.py`).
+"""The batch decoders of the streaming `.metadata` reader (`vm_batch.py`, `vm_fast.py`).
 
 The batch paths must build exactly the table the opcode-by-opcode walk builds (and the reference unpickler's model):
 checked on every real `.metadata` in `sample_ckpts/` with the batch paths switched on from the first memo slot
@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from ckptinspect.errors import ReadError
-from ckptinspect.pickling.stream_eval import Fallback
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
-from ckptinspect.pickling import stream_batch as B
-from ckptinspect.pickling import stream_fast
-from ckptinspect.pickling.stream_patterns import _TUP, CHUNK, CHUNK_REC
+from ckptinspect.formats.dcp.vm_eval import Fallback
+from ckptinspect.formats.dcp.metadata import read_dcp_metadata
+from ckptinspect.formats.dcp.stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp import vm_batch as B
+from ckptinspect.formats.dcp import vm_fast
+from ckptinspect.formats.dcp.vm_patterns import _TUP, CHUNK, CHUNK_REC
 from conftest import SAMPLES
 
 SAMPLE_METADATA = sorted(SAMPLES.glob("**/.metadata"))
@@ -125,14 +125,14 @@ def test_get_slots() -> None:
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     runs = {"chunks": 0, "storage": 0, "plans": 0}
     for name in runs:
-        real = getattr(stream_fast, f"_{name}")
+        real = getattr(vm_fast, f"_{name}")
 
         def counted(*a: Any, _real: Any = real, _name: str = name) -> int:
             p = int(_real(*a))
             runs[_name] += p >= 0
             return p
 
-        monkeypatch.setattr(stream_fast, f"_{name}", counted)
+        monkeypatch.setattr(vm_fast, f"_{name}", counted)
     return runs
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from ckptinspect.errors import access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.formats.args_values import args_findings
-from ckptinspect.formats.dcp import read_dcp
+from ckptinspect.formats.dcp.reader import read_dcp
 from ckptinspect.formats.inflight import age_of, megatron_iteration
 from ckptinspect.formats.legacy import read_legacy
 from ckptinspect.formats.nvrx_local import LOCAL_FILE, find_local_root, read_nvrx_local, virtual_iteration

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
 from ckptinspect.io.local import noted, probe_dir, read_small
-from ckptinspect.formats.dcp_hf import hf_layout
-from ckptinspect.formats.dcp_ranks import missing_message, rank_files
-from ckptinspect.formats.dcp_stream import read_metadata_file
+from ckptinspect.formats.dcp.hf import hf_layout
+from ckptinspect.formats.dcp.ranks import missing_message, rank_files
+from ckptinspect.formats.dcp.stream import read_metadata_file
 from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_generation
 from ckptinspect.formats.inflight import MSC_METADATA_TMP, msc_temp_of
 from ckptinspect.formats.legacy import is_legacy_dir
@@ -143,7 +143,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2
         return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
     rf = rank_files(path)
     if rf.metadata:
-        # `dcp.save(..., use_collectives=False)`: every rank wrote its own `__R.metadata` (`dcp_ranks.py`)
+        # `dcp.save(..., use_collectives=False)`: every rank wrote its own `__R.metadata` (`dcp/ranks.py`)
         shown = ", ".join(rf.metadata.values())
         ev.append(f"per-rank metadata {shown if len(rf.metadata) <= 4 else str(len(rf.metadata)) + ' files'}, no "
                   ".metadata: dcp.save(..., use_collectives=False); dcp.load reads each rank's own")
@@ -236,7 +236,7 @@ def _megatron_generation(path: Path, cfg: dict[str, object]) -> Generation:
     size = regular_size(path / ".metadata")
     if size is not None and size <= (64 << 20):
         try:
-            # kept for the reader that follows: the file is read once (`dcp_stream.read_metadata_file`)
+            # kept for the reader that follows: the file is read once (`dcp/stream.read_metadata_file`)
             md = read_metadata_file(path / ".metadata", keep=True).as_dcp_metadata()
         except Exception:  # noqa: BLE001 - the reader reports an unreadable .metadata; sniff just knows less
             md = None
@@ -298,7 +298,7 @@ def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
     if size is None or size > (64 << 20):
         return Format.TORCH_DCP, markers
     try:
-        # kept for the reader that follows: the file is read once (`dcp_stream.read_metadata_file`)
+        # kept for the reader that follows: the file is read once (`dcp/stream.read_metadata_file`)
         md = read_metadata_file(path / ".metadata", keep=True)
     except Exception:  # noqa: BLE001 - unreadable metadata is reported by the reader; sniff falls back to DCP
         return Format.TORCH_DCP, markers

@@ -23,8 +23,8 @@ from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import read_torch_file
 from ckptinspect.formats.args_values import arg_flag, arg_int
-from ckptinspect.formats.dcp import read_dcp_dir
-from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.dcp.reader import read_dcp_dir
+from ckptinspect.formats.dcp.metadata import DcpMetadata
 from ckptinspect.formats.generation import megatron_generation
 from ckptinspect.formats.zarr_dir import read_zarr_arrays
 from ckptinspect.formats.topology import topology_from

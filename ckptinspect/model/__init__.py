@@ -293,7 +293,7 @@ class Checkpoint:
     table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
       run vectorised over millions of chunks; None for formats without one (legacy).
     rank_metadata: DCP per-rank metadata (`dcp.save(..., use_collectives=False)`): the `__R.metadata` files read and
-      merged (`formats/dcp_ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
+      merged (`formats/dcp/ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
       replicas, not overlaps. Empty for a checkpoint with one `.metadata`.
     raw_tensor_items: tensor chunks are raw element bytes (DCP's Hugging Face storage writer: safetensors data), not
       torch archives: `--deep` checks their place and length only, and there is no pickle in them to scan.

@@ -16,7 +16,7 @@ from typing import IO, Any
 from ckptinspect.services.safety_containers import ContainerScan, PickleScan, Where
 from ckptinspect.errors import LimitExceeded, ReadError, read_code
 from ckptinspect.findings import Finding, Status, status_of
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.formats.dcp.metadata import read_dcp_metadata
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Shifted, Undecodable, decode_item, tensor_bound
 from ckptinspect.model import ObjectItem, StoredItem, Tensor, dtype_size
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES

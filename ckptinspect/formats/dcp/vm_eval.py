@@ -1,4 +1,4 @@
-"""The opcode evaluator behind the streaming `.metadata` reader (`dcp_stream.py`): values, memo, stack.
+"""The opcode evaluator behind the streaming `.metadata` reader (`stream.py`): values, memo, stack.
 
 It walks the pickle opcode by opcode (protocols 2-5, as torch's `FileSystemWriter.finish` and Megatron write it) and
 evaluates only what a DCP `Metadata` needs, writing chunks and storage entries into `_Sink` columns instead of

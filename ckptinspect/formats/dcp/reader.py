@@ -13,10 +13,10 @@ from ckptinspect.errors import ReadError, read_code
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
 from ckptinspect.pickling.unpickle import PickleReport
-from ckptinspect.formats.dcp_hf import hf_layout, read_hf
-from ckptinspect.formats.dcp_metadata import DcpMetadata
-from ckptinspect.formats.dcp_ranks import rank_files, read_rank_metadata
-from ckptinspect.formats.dcp_stream import read_metadata_file
+from ckptinspect.formats.dcp.hf import hf_layout, read_hf
+from ckptinspect.formats.dcp.metadata import DcpMetadata
+from ckptinspect.formats.dcp.ranks import rank_files, read_rank_metadata
+from ckptinspect.formats.dcp.stream import read_metadata_file
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
 
 METADATA = ".metadata"
@@ -50,7 +50,7 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
         # Also after a failed parse: the pickle may have referenced dangerous globals before failing.
         findings.extend(pickle_findings(report, METADATA, label))
     else:
-        # `dcp.load` reads `.metadata` first and each rank's `__R.metadata` only without one (`dcp_ranks.py`)
+        # `dcp.load` reads `.metadata` first and each rank's `__R.metadata` only without one (`ranks.py`)
         rf = rank_files(path)
         if rf.metadata:
             md, more = read_rank_metadata(path, rf, label)
@@ -64,7 +64,7 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
 
 def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoint:
     """Read a plain PyTorch DCP checkpoint dir (torchtitan `step-N/`, fsdp_dtensor), or the Hugging Face storage
-    writer's safetensors (`dcp_hf.py`)."""
+    writer's safetensors (`hf.py`)."""
     if not (path / METADATA).exists() and not rank_files(path).metadata and hf_layout(path) is not None:
         return read_hf(path, label)
     d = read_dcp_dir(path, label)

@@ -1,7 +1,7 @@
 """Streaming reader of a DCP `.metadata` pickle: the chunk table as columns, the file read once, in blocks.
 
-`read_dcp_metadata_columns(f)` walks the pickle's opcodes itself (`pickling/stream_walk.py`, `pickling/stream_fast.py`) and returns
-`StreamedMetadata`: what `dcp_metadata.DcpMetadata` holds, with the tensors as a `ChunkTable` (a few dozen bytes
+`read_dcp_metadata_columns(f)` walks the pickle's opcodes itself (`vm_walk.py`, `vm_fast.py`) and returns
+`StreamedMetadata`: what `metadata.DcpMetadata` holds, with the tensors as a `ChunkTable` (a few dozen bytes
 per chunk instead of ~2 KB of stand-in objects). Its safety is the reference unpickler's: the same allowlist
 verdict for every global (recorded in the same `PickleReport`), the same pure data builders, nothing imported or
 called. When the stream holds anything the evaluator does not model exactly (a global outside the allowlist, a
@@ -21,12 +21,12 @@ from typing import IO, Any
 
 from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.errors import ReadError
-from ckptinspect.pickling.stream_eval import _UNSET, LOW_MEMO, TSM, CountList, Fallback, Inst, Sink
-from ckptinspect.pickling.stream_fast import install_fast_paths
-from ckptinspect.formats._stream_table import build_table, table_from_tensors
-from ckptinspect.pickling.stream_walk import Walker, walk
+from ckptinspect.formats.dcp.vm_eval import _UNSET, LOW_MEMO, TSM, CountList, Fallback, Inst, Sink
+from ckptinspect.formats.dcp.vm_fast import install_fast_paths
+from ckptinspect.formats.dcp.table import build_table, table_from_tensors
+from ckptinspect.formats.dcp.vm_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
-from ckptinspect.formats.dcp_metadata import (
+from ckptinspect.formats.dcp.metadata import (
     _KNOWN_ATTRS,
     MAX_COORD,
     MAX_DIMS,
@@ -192,7 +192,7 @@ def _finish(root: Any, w: Walker) -> StreamedMetadata:
                 mcore_data[k] = tuple(shape)
 
     if not _coordinates_in_range(sink):
-        # The reference reader refuses them (`dcp_metadata._count`): a negative length, say, is a malformed
+        # The reference reader refuses them (`metadata._count`): a negative length, say, is a malformed
         # `.metadata`, and its verdict must be the reference's, not a table that downstream int64 math trusts.
         raise Fallback("coordinates outside [0, 2**62]")
 
@@ -237,7 +237,7 @@ def _finish(root: Any, w: Walker) -> StreamedMetadata:
 def _coordinates_in_range(sink: Any) -> bool:
     """Every chunk offset and size, tensor dimension, storage offset and byte offset/length in [0, MAX_COORD]
     (storage keys of an object use -1 axes, not coordinates: their offsets row is empty); and, as the reference's
-    `dcp_metadata._coords` requires of a tensor's size and of each chunk's offsets and sizes, at most `MAX_DIMS`
+    `metadata._coords` requires of a tensor's size and of each chunk's offsets and sizes, at most `MAX_DIMS`
     axes and a product of at most MAX_COORD."""
     import numpy as np
 
@@ -307,7 +307,7 @@ def _plain(v: Any) -> bool:
 
 
 def _storage_mark() -> Any:
-    from ckptinspect.pickling.stream_eval import STORAGE_MARK
+    from ckptinspect.formats.dcp.vm_eval import STORAGE_MARK
 
     return STORAGE_MARK
 

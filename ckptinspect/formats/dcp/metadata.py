@@ -49,7 +49,7 @@ class DcpMetadata:
     unknown_attrs: tuple[str, ...]
     storage_without_metadata: int
     report: PickleReport
-    table: Any = field(default=None, compare=False)  # the `ChunkTable` of `tensors` when streamed (`dcp_stream.py`)
+    table: Any = field(default=None, compare=False)  # the `ChunkTable` of `tensors` when streamed (`stream.py`)
 
 
 def parse_shard_key(key: str) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
