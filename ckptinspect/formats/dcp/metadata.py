@@ -196,8 +196,11 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
                 raise TypeError(f"chunk of {key!r} is not a ChunkStorageMetadata")
             cst = c[0] if c else None
             offs, sizes = cst if type(cst) is tuple and len(cst) == 2 else c.values()
-            offs = _coords(offs, "chunk offset")
-            chunks.append(Chunk(offs, _coords(sizes, "chunk size"), get((key, offs))))
+            offs, sizes = _coords(offs, "chunk offset"), _coords(sizes, "chunk size")
+            if len(offs) != len(sizes):
+                raise ValueError(f"chunk of {key[:200]!r} has {len(offs)} offsets and {len(sizes)} sizes: "
+                                 "chunk offsets and sizes differ in length")
+            chunks.append(Chunk(offs, sizes, get((key, offs))))
         tensors.append(Tensor(key, size, _dtype(mst.get("properties")), tuple(chunks), None, mcore_data.get(key)))
         if isinstance(raw_chunks, list):
             raw_chunks.clear()
