@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
+from ckptinspect.formats.dcp.names import RECORDS, RECORDS_DISCARDING_PLANS
 from ckptinspect.pickling.unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 
@@ -79,16 +80,16 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
     with no_gc():
         try:
             try:
-                root = load_pickle(data, report, discard_plans=True)
+                root = load_pickle(data, report, RECORDS_DISCARDING_PLANS)
             except LimitExceeded:
                 raise  # the walk's bound holds for the plain read too
             except ReadError:
                 # A pickle the plan-discarding fast path cannot take (a non-dict item state): read it plainly.
                 if isinstance(data, bytes):
-                    root = load_pickle(data, report, prewalked=True)
+                    root = load_pickle(data, report, RECORDS, prewalked=True)
                 else:
                     data.seek(start)
-                    root = load_pickle(data, report, prewalked=True)
+                    root = load_pickle(data, report, RECORDS, prewalked=True)
         except ReadError as e:
             raise ReadError(str(e), e.code if e.code in ("CK603", "CK605") else "CK106") from e
         state = _state(root)
@@ -96,10 +97,10 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
             # The fast path assumes the plans are the root's last field (Megatron sets `all_local_plans` after
             # torch built the Metadata); anything read after them would have been discarded. Read plainly.
             if isinstance(data, bytes):
-                root = load_pickle(data, report, prewalked=True)
+                root = load_pickle(data, report, RECORDS, prewalked=True)
             else:
                 data.seek(start)
-                root = load_pickle(data, report, prewalked=True)
+                root = load_pickle(data, report, RECORDS, prewalked=True)
             state = _state(root)
         if state is None or not isinstance(state.get("state_dict_metadata"), dict):
             what = getattr(root, "qualname", type(root).__name__)

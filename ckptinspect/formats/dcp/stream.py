@@ -21,7 +21,8 @@ from typing import IO, Any
 
 from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.errors import ReadError
-from ckptinspect.formats.dcp.vm_eval import _UNSET, LOW_MEMO, TSM, CountList, Fallback, Inst, Sink
+from ckptinspect.formats.dcp.names import TSM
+from ckptinspect.formats.dcp.vm_eval import _UNSET, LOW_MEMO, CountList, Fallback, Inst, Sink
 from ckptinspect.formats.dcp.vm_fast import install_fast_paths
 from ckptinspect.formats.dcp.table import build_table, table_from_tensors
 from ckptinspect.formats.dcp.vm_walk import Walker, walk

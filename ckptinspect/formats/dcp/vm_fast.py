@@ -28,14 +28,13 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ckptinspect.formats.dcp.vm_eval import (
-    CHUNK as CHUNK_CLS,
-    INDEX,
     LOW_MEMO,
     Fallback,
     Global,
     Rows,
     StoragePairs,
 )
+from ckptinspect.formats.dcp.names import CHUNK as CHUNK_CLS, INDEX, WRITE_ITEM
 from ckptinspect.formats.dcp.vm_bounds import plan_segments, read_bounds, storage_segments, tensor_segments
 from ckptinspect.formats.dcp.vm_ctx import Ctx
 from ckptinspect.formats.dcp.vm_patterns import (
@@ -57,7 +56,6 @@ from ckptinspect.formats.dcp.vm_patterns import (
     TENSOR_BOUND,
     TENSOR_BOUND_REC,
     TENSOR_BOUND_WANT,
-    WRITE_ITEM,
     _Pattern,
 )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ckptinspect.formats.dcp.vm_eval import CHUNK as CHUNK_CLS, INDEX, PROPS, STORAGE_INFO, TSM
+from ckptinspect.formats.dcp.names import CHUNK as CHUNK_CLS, INDEX, PROPS, SAVE_PLAN, STORAGE_INFO, TSM, WRITE_ITEM
 
 _INT = (rb"(?:K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.....|\x8a\x06......"
         rb"|\x8a\x07.......|\x8a\x08........)")
@@ -188,8 +188,6 @@ PLAN.cap("bound", b"(?:" + PLAN_BOUND.inline() + b")?").varying("fqn", "chunk", 
 PLAN_REC = PLAN.compile()
 PLAN_RUN = PLAN.compile_run()
 
-WRITE_ITEM = "torch.distributed.checkpoint.planner.WriteItem"
-SAVE_PLAN = "torch.distributed.checkpoint.planner.SavePlan"
 _ANY_CLASS = object()
 _ANY_KEY = object()
 _ANY_VALUE = object()  # any value the walk kept (a GET of one it did not keep makes the loop fall back)
@@ -203,7 +201,7 @@ _INDEX_WANT = {"k_fqn": "fqn", "k_offset_a": "offset", "offset_a_fn": tuple, "k_
                "k_offset_b": "offset", "offset_b_fn": tuple, "k_index_b": "index"}
 _STORAGE_WANT = {"mi": INDEX, **_INDEX_WANT, "si": STORAGE_INFO, "k_path": "relative_path", "k_pos": "offset",
                  "k_len": "length"}
-_PLAN_WANT = {"wi": "torch.distributed.checkpoint.planner.WriteItem", "k_index": _ANY_KEY, "mi": _ANY_CLASS,
+_PLAN_WANT = {"wi": WRITE_ITEM, "k_index": _ANY_KEY, "mi": _ANY_CLASS,
               "k_fqn": _ANY_KEY, "k_offset_a": _ANY_KEY, "offset_a_fn": tuple, "k_index_a": _ANY_KEY,
               "k_offset_b": _ANY_KEY, "offset_b_fn": tuple, "k_index_b": _ANY_KEY,
               "k_type": _ANY_KEY, "type_fn": int, "k_bytes": _ANY_KEY, "k_tensor": _ANY_KEY, "twd": _ANY_CLASS,

@@ -13,13 +13,10 @@ from ckptinspect.formats.dcp.vm_eval import (
     _D,
     _RECONSTRUCT,
     _UNSET,
-    CHUNK,
     MAX_BYTES_ARG,
     MAX_STACK,
     OPAQUE,
-    PLAN_ITEMS,
     STORAGE_MARK,
-    TSM,
     CountList,
     Fallback,
     Global,
@@ -30,6 +27,7 @@ from ckptinspect.formats.dcp.vm_eval import (
     StoragePairs,
     resolve_global,
 )
+from ckptinspect.formats.dcp.names import CHUNK, PLAN_ITEMS, TSM
 from ckptinspect.pickling.unpickle import PickleReport
 
 BLOCK = 8 << 20
