@@ -113,13 +113,13 @@ def test_metadata_read_once_by_sniff_and_reader(tmp_path: Path, monkeypatch: pyt
 
     ckpt = copy_source(Ctx(tmp_path, tmp_path / "m"), "dcp") / "step-10"
     calls = []
-    real = dcp_stream.read_dcp_metadata_columns
+    real = dcp_stream._read
 
     def counted(*a: Any, **k: Any) -> Any:
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(dcp_stream, "read_dcp_metadata_columns", counted)
+    monkeypatch.setattr(dcp_stream, "_read", counted)
     audit(ckpt)
     assert len(calls) == 1
 

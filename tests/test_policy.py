@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from ckptinspect.commands.audit.audit import audit
 from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.findings import Status
-from ckptinspect.formats.dcp.stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.policy import resolve
 from ckptinspect.formats.dcp.vm_eval import resolve_global
@@ -424,7 +424,7 @@ def test_the_streaming_metadata_reader_agrees_with_the_walker_on_every_sample() 
     assert len(metas) > 10
     for name, data in metas:
         report = PickleReport()
-        read_dcp_metadata_columns(data, report)
+        read_metadata(data, report)
         walk = walk_pickle(data)
         assert {q: v for q, v in report.globals.items()} == walk.globals, name
 

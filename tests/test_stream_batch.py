@@ -22,7 +22,7 @@ import pytest
 from ckptinspect.errors import ReadError
 from ckptinspect.formats.dcp.vm_eval import Fallback
 from ckptinspect.formats.dcp.metadata import read_dcp_metadata
-from ckptinspect.formats.dcp.stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.formats.dcp import vm_batch as B
 from ckptinspect.formats.dcp import vm_fast
 from ckptinspect.formats.dcp.vm_patterns import _TUP, CHUNK, CHUNK_REC
@@ -141,10 +141,10 @@ def outcome(data: bytes, **kw: Any) -> tuple[str, Any]:
     try:
         if kw.pop("reference", False):
             return "ok", read_dcp_metadata(io.BytesIO(data))
-        s = read_dcp_metadata_columns(io.BytesIO(data), **kw)
+        s = read_metadata(io.BytesIO(data), **kw)
     except ReadError as e:
         return "error", e.code
-    return "ok", s.to_dcp_metadata()
+    return "ok", s.with_chunk_objects()
 
 
 def assert_batch_equals_loop(data: bytes) -> None:
@@ -160,15 +160,15 @@ def assert_batch_equals_loop(data: bytes) -> None:
 def test_batch_paths_on_real_metadata_build_the_loops_table(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = path.read_bytes()
     runs = _counting(monkeypatch)
-    s = read_dcp_metadata_columns(io.BytesIO(data), fast_from=0)
+    s = read_metadata(io.BytesIO(data), fast_from=0)
     assert s.fallback is None
     # every sample with tensors goes through the chunk batch path; a flatten_state_dict=False save holds objects only
     assert runs["chunks"] or not read_dcp_metadata(data).tensors, runs
     # the storage batch pattern knows `_StorageInfo(relative_path, offset, length)`; entries that also carry
     # `transform_descriptors` (a compressed save, `dcp_zstd`) go through the loop, with the same table (below)
     assert runs["storage"] or b"transform_descriptors" in data, runs
-    assert s.to_dcp_metadata() == read_dcp_metadata_columns(io.BytesIO(data), fast=False).to_dcp_metadata()
-    assert s.to_dcp_metadata() == read_dcp_metadata(data)
+    assert s.with_chunk_objects() == read_metadata(io.BytesIO(data), fast=False).with_chunk_objects()
+    assert s.with_chunk_objects() == read_dcp_metadata(data)
 
 
 def _torch_metadata(seed: int, oversize: bool = False, unicode: bool = False) -> Any:
@@ -243,9 +243,9 @@ def test_names_beyond_ascii_are_read_as_the_loop_reads_them(monkeypatch: pytest.
     runs = _counting(monkeypatch)
     assert_batch_equals_loop(data)
     assert runs["chunks"] and runs["storage"] and runs["plans"], runs
-    streamed = read_dcp_metadata_columns(io.BytesIO(data), fast_from=0)
+    streamed = read_metadata(io.BytesIO(data), fast_from=0)
     assert streamed.fallback is None  # the batch paths decode as the loop does: no error sends it to the reference
-    keys = {t.key for t in streamed.to_dcp_metadata().tensors}
+    keys = {t.key for t in streamed.with_chunk_objects().tensors}
     assert {"层.1.wéight", "layers.2\u2014weight", "layers.3.\udcff"} <= keys
 
 

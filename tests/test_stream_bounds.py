@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from ckptinspect.formats.dcp import table as dcp_table
-from ckptinspect.formats.dcp.stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.formats.dcp import vm_fast
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.formats.dcp.vm_eval import Fallback
@@ -119,7 +119,7 @@ def test_a_step_the_loop_refuses_inside_a_replay_ends_the_walk(monkeypatch: pyte
     seen = _replays(monkeypatch)
     assert_batch_equals_loop(edited)
     assert seen["tensor"] >= 1  # the replay ran into it
-    s = read_dcp_metadata_columns(io.BytesIO(edited), fast_from=0) if outcome(edited)[0] == "ok" else None
+    s = read_metadata(io.BytesIO(edited), fast_from=0) if outcome(edited)[0] == "ok" else None
     assert s is None or s.fallback is not None
 
 
@@ -134,9 +134,9 @@ def test_a_fallback_after_a_replay_changed_the_walk_is_not_handed_back_to_the_lo
 
     monkeypatch.setattr(vm_fast, "tensor_segments", replay_then_refuse)
     data = pickle.dumps(_metadata(), protocol=4)
-    s = read_dcp_metadata_columns(io.BytesIO(data), fast_from=0)
+    s = read_metadata(io.BytesIO(data), fast_from=0)
     assert s.fallback == "refused inside a replay"
-    assert s.to_dcp_metadata() == outcome(data, reference=True)[1]
+    assert s.with_chunk_objects() == outcome(data, reference=True)[1]
 
 
 class _Evil:
@@ -149,7 +149,7 @@ def test_a_dangerous_global_in_a_saveplan_between_runs_is_reported(monkeypatch: 
     seen = _replays(monkeypatch)
     report = PickleReport()
     try:
-        read_dcp_metadata_columns(io.BytesIO(data), report, fast_from=0)
+        read_metadata(io.BytesIO(data), report, fast_from=0)
     except Exception:  # noqa: BLE001 - only the verdict matters here
         pass
     assert seen["plan"] >= 1  # plan runs crossed SavePlan boundaries before and after it

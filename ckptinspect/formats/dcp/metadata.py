@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.formats.dcp.names import RECORDS, RECORDS_DISCARDING_PLANS
+from ckptinspect.formats.dcp.table import table_from_tensors
+from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.pickling.unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 
@@ -27,9 +29,11 @@ _KNOWN_ATTRS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class DcpMetadata:
-    """The parts of a `.metadata` pickle ckptinspect uses, as plain data.
+    """The parts of a `.metadata` pickle ckptinspect uses, as plain data: what both readers return (the streaming
+    `stream.read_metadata` and the reference `read_dcp_metadata`).
 
-    tensors / objects: every TensorStorageMetadata / BytesStorageMetadata entry, with storage looked up.
+    tensors / objects: every TensorStorageMetadata / BytesStorageMetadata entry, with storage looked up (from
+      `read_metadata`, the tensors are views of `table`: no object per chunk).
     planner_keys: number of entries of `planner_data` (None when it is None; Megatron writes None).
     rank_items: number of items each save-time rank wrote (`all_local_plans`), () when absent.
     mcore_data: Megatron-Core 0.8–0.15 original shapes of N-D reformulated tensors.
@@ -37,6 +41,9 @@ class DcpMetadata:
     unknown_attrs: root attributes this reader does not know (tolerated, noted).
     storage_without_metadata: storage entries whose fqn has no metadata entry.
     report: globals the pickle referenced.
+    table: the chunks of `tensors` as columns (not compared: `tensors` says the same).
+    fallback: why the streaming reader handed the file to the reference one (None when it read it itself, and
+      from the reference reader).
     """
 
     tensors: tuple[Tensor, ...]
@@ -50,7 +57,13 @@ class DcpMetadata:
     unknown_attrs: tuple[str, ...]
     storage_without_metadata: int
     report: PickleReport
-    table: Any = field(default=None, compare=False)  # the `ChunkTable` of `tensors` when streamed (`stream.py`)
+    table: ChunkTable = field(compare=False)
+    fallback: str | None = field(default=None, compare=False)
+
+    def with_chunk_objects(self) -> DcpMetadata:
+        """The same metadata with one `Chunk` object per chunk (the reference's shape): for tests comparing the two
+        readers, and callers that want objects."""
+        return replace(self, tensors=self.table.to_tensors())
 
 
 def parse_shard_key(key: str) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
@@ -217,7 +230,7 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
     return DcpMetadata(
         tuple(tensors), tuple(objects), planner_keys, rank_items, mcore_data,
         str(version) if version is not None else None, checkpoint_id, getattr(root, "qualname", "?"), unknown,
-        orphans, report,
+        orphans, report, table_from_tensors(tensors, mcore_data),
     )
 
 
