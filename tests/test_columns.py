@@ -14,8 +14,9 @@ import pytest
 from ckptinspect.commands.audit.summary import summarize
 from ckptinspect.checks import CheckContext
 from ckptinspect.checks import coverage, storage
-from ckptinspect.formats import _files, dcp_stream, read_checkpoint
-from ckptinspect.formats._stream_table import table_from_tensors
+from ckptinspect.formats import _files, read_checkpoint
+from ckptinspect.formats.dcp import stream as dcp_stream
+from ckptinspect.formats.dcp.table import table_from_tensors
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor
 from conftest import SAMPLES
 from corpus import CASES, Ctx, missing_source
@@ -112,13 +113,13 @@ def test_metadata_read_once_by_sniff_and_reader(tmp_path: Path, monkeypatch: pyt
 
     ckpt = copy_source(Ctx(tmp_path, tmp_path / "m"), "dcp") / "step-10"
     calls = []
-    real = dcp_stream.read_dcp_metadata_columns
+    real = dcp_stream._read
 
     def counted(*a: Any, **k: Any) -> Any:
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(dcp_stream, "read_dcp_metadata_columns", counted)
+    monkeypatch.setattr(dcp_stream, "_read", counted)
     audit(ckpt)
     assert len(calls) == 1
 

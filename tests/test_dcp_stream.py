@@ -1,4 +1,4 @@
-"""The streaming `.metadata` reader (`formats/dcp_stream.py`) against the reference unpickler (`dcp_metadata.py`).
+"""The streaming `.metadata` reader (`formats/dcp/stream.py`) against the reference unpickler (`metadata.py`).
 
 Same model (every field of `DcpMetadata`, the chunk table materialised), same globals reported, same error codes,
 on every sample, on every `.metadata` of the acceptance corpus, on hostile edits (a dangerous global inside
@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from ckptinspect.errors import ReadError
-from ckptinspect.pickling import stream_fast as _stream_fast
+from ckptinspect.formats.dcp import vm_fast as _stream_fast
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.unpickle import PickleReport
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.metadata import read_dcp_metadata
+from ckptinspect.formats.dcp.stream import read_metadata
 from conftest import SAMPLES
 from corpus import CASES, Ctx, Harmless, Hostile, copy_source, edit_metadata, missing_source
 
@@ -36,7 +36,7 @@ def outcome(data: bytes, streaming: bool) -> tuple[str, Any, dict[str, GlobalCla
     report = PickleReport()
     try:
         if streaming:
-            md = read_dcp_metadata_columns(io.BytesIO(data), report).to_dcp_metadata()
+            md = read_metadata(io.BytesIO(data), report).with_chunk_objects()
         else:
             md = read_dcp_metadata(io.BytesIO(data), report)
     except ReadError as e:
@@ -54,9 +54,9 @@ def assert_same(data: bytes) -> None:
 @pytest.mark.parametrize("path", SAMPLE_METADATA, ids=[str(p.relative_to(SAMPLES)) for p in SAMPLE_METADATA])
 def test_samples_stream_without_fallback_and_match_the_reference(path: Path) -> None:
     data = path.read_bytes()
-    s = read_dcp_metadata_columns(io.BytesIO(data))
+    s = read_metadata(io.BytesIO(data))
     assert s.fallback is None
-    assert s.to_dcp_metadata() == read_dcp_metadata(data)
+    assert s.with_chunk_objects() == read_dcp_metadata(data)
     md = read_dcp_metadata(data)
     assert s.table.n_chunks == sum(len(t.chunks) for t in md.tensors)
     assert s.table.n_chunks > 0 or (not md.tensors and md.objects)  # a flatten_state_dict=False save: objects only
@@ -91,7 +91,7 @@ def _with_plan_item(tmp_path: Path, payload: Any) -> bytes:
 def test_a_dangerous_global_in_the_plans_is_reported_not_run(tmp_path: Path) -> None:
     data = _with_plan_item(tmp_path, Hostile(tmp_path / "marker"))
     report = PickleReport()
-    s = read_dcp_metadata_columns(io.BytesIO(data), report)
+    s = read_metadata(io.BytesIO(data), report)
     assert report.dangerous == ["os.system"] or report.dangerous == ["posix.system"]
     assert s.fallback is not None and "dangerous" in s.fallback  # judged by the walk, read by the reference
     assert not (tmp_path / "marker").exists()
@@ -102,7 +102,7 @@ def test_a_dangerous_global_in_the_plans_is_reported_not_run(tmp_path: Path) -> 
 def test_an_unknown_global_in_the_plans_is_reported(tmp_path: Path) -> None:
     data = _with_plan_item(tmp_path, Harmless())
     report = PickleReport()
-    read_dcp_metadata_columns(io.BytesIO(data), report)
+    read_metadata(io.BytesIO(data), report)
     assert report.unknown == [f"{Harmless.__module__}.Harmless"]  # corpus_kit since the corpus split
     assert_same(data)
 
@@ -134,24 +134,24 @@ def test_synthetic_reads_through_the_fast_paths(synthetic: Path, monkeypatch: py
 
         monkeypatch.setattr(_stream_fast, f"_{name}", counted)
     data = (synthetic / ".metadata").read_bytes()
-    s = read_dcp_metadata_columns(io.BytesIO(data))
+    s = read_metadata(io.BytesIO(data))
     assert s.fallback is None
     assert all(runs.values()), runs
     ref = read_dcp_metadata(data)
-    assert s.to_dcp_metadata() == ref
+    assert s.with_chunk_objects() == ref
     assert sum(s.rank_items) == sum(len(t.chunks) for t in ref.tensors) + len(ref.objects)
 
 
 def test_synthetic_without_fast_paths_gives_the_same_table(synthetic: Path) -> None:
     data = (synthetic / ".metadata").read_bytes()
-    a = read_dcp_metadata_columns(io.BytesIO(data))
-    b = read_dcp_metadata_columns(io.BytesIO(data), fast=False)
+    a = read_metadata(io.BytesIO(data))
+    b = read_metadata(io.BytesIO(data), fast=False)
     assert a.fallback is None and b.fallback is None
-    assert a.to_dcp_metadata() == b.to_dcp_metadata()
+    assert a.with_chunk_objects() == b.with_chunk_objects()
 
 
 def test_chunk_table_is_columns(synthetic: Path) -> None:
-    s = read_dcp_metadata_columns(io.BytesIO((synthetic / ".metadata").read_bytes()))
+    s = read_metadata(io.BytesIO((synthetic / ".metadata").read_bytes()))
     t = s.table
     assert t.n_chunks > 10000
     assert t.nbytes / t.n_chunks < 80  # bytes per chunk of the arrays themselves

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ckptinspect.formats import READERS, read_checkpoint
-from ckptinspect.formats.dcp_metadata import parse_shard_key
+from ckptinspect.formats.dcp.metadata import parse_shard_key
 from ckptinspect.formats.legacy import expected_shard_dirs, parse_shard_dir, shard_coords
 from ckptinspect.formats.savedir import read_tracker
 from ckptinspect.model import Format

@@ -333,3 +333,21 @@ def test_resume_with_an_absurd_padded_vocab_size_is_closed_form(vocab: int, ckpt
     r = cli("resume", str(ckpt), "--tp", "2", "--pp", "1", "-o", "json", env={})
     assert r.returncode in (0, 1), r.stderr
     json.loads(r.stdout)
+
+
+def test_a_chunk_whose_offsets_and_sizes_differ_in_length_is_corrupt(ckpt: Path) -> None:
+    """A ChunkStorageMetadata with 2 offsets and 3 sizes: the streaming reader hands it to the reference, which
+    must refuse it as malformed (CK106), not build a model the chunk table cannot hold (that was exit 3)."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    import torch
+
+    with open(ckpt / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    key = next(k for k, v in md.state_dict_metadata.items() if getattr(v, "chunks", None) and len(v.size) == 2)
+    chunk = md.state_dict_metadata[key].chunks[0]
+    md.state_dict_metadata[key].chunks[0] = ChunkStorageMetadata(chunk.offsets, torch.Size([*chunk.sizes, 1]))
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    docs = assert_clean_json_runs(ckpt)
+    assert docs["audit"]["status"] == "corrupt"
+    assert any(f["code"] == "CK106" and "differ in length" in f["message"] for f in docs["audit"]["findings"])

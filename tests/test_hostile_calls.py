@@ -30,7 +30,7 @@ import pytest
 from ckptinspect.commands.audit.audit import audit
 from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.findings import Status
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.pickling.callables import PLAIN_CLASSES
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.walk import walk_pickle
@@ -226,7 +226,7 @@ def test_streaming_metadata_reader_defers_unsafe_newobj_to_the_reference(tmp_pat
     data = data.replace(b"X\x09\x00\x00\x00EVIL-SLOT", _g(NORM, "WrappedTorchNorm") + NORM_ARGS + b"\x81")
     (ckpt / ".metadata").write_bytes(data)
     report = PickleReport()
-    out = read_dcp_metadata_columns(data, report)
+    out = read_metadata(data, report)
     assert out.fallback is not None and "WrappedTorchNorm" in out.fallback
     assert f"{NORM}.WrappedTorchNorm" in report.called, report.called
     a = audit(ckpt)

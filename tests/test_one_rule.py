@@ -27,12 +27,12 @@ import pytest
 
 from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.errors import ReadError
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.report import VERDICT_RANK, PickleReport, safety_findings
-from ckptinspect.pickling.stream_eval import Fallback, Sink
-from ckptinspect.pickling.stream_walk import Walker
-from ckptinspect.pickling.stream_walk import walk as swalk
+from ckptinspect.formats.dcp.vm_eval import Fallback, Sink
+from ckptinspect.formats.dcp.vm_walk import Walker
+from ckptinspect.formats.dcp.vm_walk import walk as swalk
 from ckptinspect.pickling.unpickle import SafeUnpickler, load_pickle
 from ckptinspect.pickling.walk import PickleWalk, walk_pickle
 from conftest import SAMPLES
@@ -64,7 +64,7 @@ def _findings(report: PickleReport) -> list[dict[str, object]]:
 def _stream(data: bytes) -> tuple[PickleReport, str | None]:
     report = PickleReport()
     try:
-        fallback = read_dcp_metadata_columns(io.BytesIO(data), report).fallback
+        fallback = read_metadata(io.BytesIO(data), report).fallback
     except ReadError as e:
         fallback = f"error {e.code}"
     return report, fallback
@@ -221,7 +221,7 @@ def judge_alike(data: bytes) -> str:
         return "fallback"
     except (IndexError, KeyError, TypeError, ValueError, OverflowError, UnicodeDecodeError, AttributeError,
             RecursionError, MemoryError, ReadError):
-        return "error"  # as `read_dcp_metadata_columns` treats them: the reference reads it
+        return "error"  # as `read_metadata` treats them: the reference reads it
     finally:
         w.release()
     assert (_verdict(probe), dict(probe.globals), _findings(probe)) == expect

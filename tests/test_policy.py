@@ -33,10 +33,10 @@ from hypothesis import strategies as st
 from ckptinspect.commands.audit.audit import audit
 from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.findings import Status
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
+from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.pickling.allowlist import GlobalClass
 from ckptinspect.pickling.policy import resolve
-from ckptinspect.pickling.stream_eval import resolve_global
+from ckptinspect.formats.dcp.vm_eval import resolve_global
 from ckptinspect.pickling.unpickle import PickleReport, SafeUnpickler
 from ckptinspect.pickling.walk import walk_pickle
 from hostile_samples import payload, relay_item, run_real_loaders, write_zip, zip_entries
@@ -256,7 +256,7 @@ def _m19_common_state(ckpt: Path, blob: bytes) -> None:
 
 
 def _byte_keys(ckpt: Path) -> list[str]:
-    from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+    from ckptinspect.formats.dcp.metadata import read_dcp_metadata
 
     md = read_dcp_metadata((ckpt / ".metadata").read_bytes())
     return [o.key for o in md.objects]
@@ -395,7 +395,7 @@ def _paths_agree(data: bytes) -> None:
             assert walk.globals.get(q) is v, (q, v, walk.globals.get(q))
     if loaded and walk.complete:
         assert set(report.globals) == set(walk.globals)
-    # and the streaming reader's resolution (`stream_eval.resolve_global`) of every name the walker saw
+    # and the streaming reader's resolution (`vm_eval.resolve_global`) of every name the walker saw
     for ref in walk.refs:
         if not ref.module:
             continue
@@ -424,7 +424,7 @@ def test_the_streaming_metadata_reader_agrees_with_the_walker_on_every_sample() 
     assert len(metas) > 10
     for name, data in metas:
         report = PickleReport()
-        read_dcp_metadata_columns(data, report)
+        read_metadata(data, report)
         walk = walk_pickle(data)
         assert {q: v for q, v in report.globals.items()} == walk.globals, name
 

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from ckptinspect.cli.scan_cmd import register
 from ckptinspect.findings import Status
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.formats.dcp.metadata import read_dcp_metadata
 from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.services.safety_scan import ScanReport, scan_stored_items, stored_items
 

@@ -1,4 +1,4 @@
-"""The batch decoders of the streaming `.metadata` reader (`pickling/stream_batch.py`, `stream_fast.py`).
+"""The batch decoders of the streaming `.metadata` reader (`vm_batch.py`, `vm_fast.py`).
 
 The batch paths must build exactly the table the opcode-by-opcode walk builds (and the reference unpickler's model):
 checked on every real `.metadata` in `sample_ckpts/` with the batch paths switched on from the first memo slot
@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from ckptinspect.errors import ReadError
-from ckptinspect.pickling.stream_eval import Fallback
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
-from ckptinspect.pickling import stream_batch as B
-from ckptinspect.pickling import stream_fast
-from ckptinspect.pickling.stream_patterns import _TUP, CHUNK, CHUNK_REC
+from ckptinspect.formats.dcp.vm_eval import Fallback
+from ckptinspect.formats.dcp.metadata import read_dcp_metadata
+from ckptinspect.formats.dcp.stream import read_metadata
+from ckptinspect.formats.dcp import vm_batch as B
+from ckptinspect.formats.dcp import vm_fast
+from ckptinspect.formats.dcp.vm_patterns import _TUP, CHUNK, CHUNK_REC
 from conftest import SAMPLES
 
 SAMPLE_METADATA = sorted(SAMPLES.glob("**/.metadata"))
@@ -125,14 +125,14 @@ def test_get_slots() -> None:
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     runs = {"chunks": 0, "storage": 0, "plans": 0}
     for name in runs:
-        real = getattr(stream_fast, f"_{name}")
+        real = getattr(vm_fast, f"_{name}")
 
         def counted(*a: Any, _real: Any = real, _name: str = name) -> int:
             p = int(_real(*a))
             runs[_name] += p >= 0
             return p
 
-        monkeypatch.setattr(stream_fast, f"_{name}", counted)
+        monkeypatch.setattr(vm_fast, f"_{name}", counted)
     return runs
 
 
@@ -141,10 +141,10 @@ def outcome(data: bytes, **kw: Any) -> tuple[str, Any]:
     try:
         if kw.pop("reference", False):
             return "ok", read_dcp_metadata(io.BytesIO(data))
-        s = read_dcp_metadata_columns(io.BytesIO(data), **kw)
+        s = read_metadata(io.BytesIO(data), **kw)
     except ReadError as e:
         return "error", e.code
-    return "ok", s.to_dcp_metadata()
+    return "ok", s.with_chunk_objects()
 
 
 def assert_batch_equals_loop(data: bytes) -> None:
@@ -160,15 +160,15 @@ def assert_batch_equals_loop(data: bytes) -> None:
 def test_batch_paths_on_real_metadata_build_the_loops_table(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = path.read_bytes()
     runs = _counting(monkeypatch)
-    s = read_dcp_metadata_columns(io.BytesIO(data), fast_from=0)
+    s = read_metadata(io.BytesIO(data), fast_from=0)
     assert s.fallback is None
     # every sample with tensors goes through the chunk batch path; a flatten_state_dict=False save holds objects only
     assert runs["chunks"] or not read_dcp_metadata(data).tensors, runs
     # the storage batch pattern knows `_StorageInfo(relative_path, offset, length)`; entries that also carry
     # `transform_descriptors` (a compressed save, `dcp_zstd`) go through the loop, with the same table (below)
     assert runs["storage"] or b"transform_descriptors" in data, runs
-    assert s.to_dcp_metadata() == read_dcp_metadata_columns(io.BytesIO(data), fast=False).to_dcp_metadata()
-    assert s.to_dcp_metadata() == read_dcp_metadata(data)
+    assert s.with_chunk_objects() == read_metadata(io.BytesIO(data), fast=False).with_chunk_objects()
+    assert s.with_chunk_objects() == read_dcp_metadata(data)
 
 
 def _torch_metadata(seed: int, oversize: bool = False, unicode: bool = False) -> Any:
@@ -243,9 +243,9 @@ def test_names_beyond_ascii_are_read_as_the_loop_reads_them(monkeypatch: pytest.
     runs = _counting(monkeypatch)
     assert_batch_equals_loop(data)
     assert runs["chunks"] and runs["storage"] and runs["plans"], runs
-    streamed = read_dcp_metadata_columns(io.BytesIO(data), fast_from=0)
+    streamed = read_metadata(io.BytesIO(data), fast_from=0)
     assert streamed.fallback is None  # the batch paths decode as the loop does: no error sends it to the reference
-    keys = {t.key for t in streamed.to_dcp_metadata().tensors}
+    keys = {t.key for t in streamed.with_chunk_objects().tensors}
     assert {"层.1.wéight", "layers.2\u2014weight", "layers.3.\udcff"} <= keys
 
 

@@ -1,5 +1,5 @@
-"""Runs of the streaming `.metadata` reader that cross list, object and batch boundaries (`pickling/stream_bounds.py`),
-and the storage join of `formats/_stream_table.py`.
+"""Runs of the streaming `.metadata` reader that cross list, object and batch boundaries (`vm_bounds.py`),
+and the storage join of `formats/dcp/table.py`.
 
 A run of chunks goes on over the end of a tensor's chunk list into the next `state_dict_metadata` entry, a run of
 storage entries over the SETITEMS batches of `storage_data`, a run of WriteItems over the end of a `SavePlan` into
@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ckptinspect.formats import _stream_table
-from ckptinspect.formats.dcp_stream import read_dcp_metadata_columns
-from ckptinspect.pickling import stream_fast
+from ckptinspect.formats.dcp import table as dcp_table
+from ckptinspect.formats.dcp.stream import read_metadata
+from ckptinspect.formats.dcp import vm_fast
 from ckptinspect.pickling.allowlist import GlobalClass
-from ckptinspect.pickling.stream_eval import Fallback
+from ckptinspect.formats.dcp.vm_eval import Fallback
 from ckptinspect.pickling.unpickle import PickleReport
 from test_stream_batch import assert_batch_equals_loop, outcome
 
@@ -88,13 +88,13 @@ def _replays(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Boundaries replayed per kind (the rows that end with one)."""
     seen = {"tensor": 0, "storage": 0, "plan": 0}
     for kind in seen:
-        real = getattr(stream_fast, f"{kind}_segments")
+        real = getattr(vm_fast, f"{kind}_segments")
 
         def counted(*a: Any, _real: Any = real, _kind: str = kind) -> None:
             seen[_kind] += len(a[2] if _kind == "storage" else a[3])
             _real(*a)
 
-        monkeypatch.setattr(stream_fast, f"{kind}_segments", counted)
+        monkeypatch.setattr(vm_fast, f"{kind}_segments", counted)
     return seen
 
 
@@ -119,7 +119,7 @@ def test_a_step_the_loop_refuses_inside_a_replay_ends_the_walk(monkeypatch: pyte
     seen = _replays(monkeypatch)
     assert_batch_equals_loop(edited)
     assert seen["tensor"] >= 1  # the replay ran into it
-    s = read_dcp_metadata_columns(io.BytesIO(edited), fast_from=0) if outcome(edited)[0] == "ok" else None
+    s = read_metadata(io.BytesIO(edited), fast_from=0) if outcome(edited)[0] == "ok" else None
     assert s is None or s.fallback is not None
 
 
@@ -132,11 +132,11 @@ def test_a_fallback_after_a_replay_changed_the_walk_is_not_handed_back_to_the_lo
         ctx.w.stack.append("half a replay")
         raise Fallback("refused inside a replay")
 
-    monkeypatch.setattr(stream_fast, "tensor_segments", replay_then_refuse)
+    monkeypatch.setattr(vm_fast, "tensor_segments", replay_then_refuse)
     data = pickle.dumps(_metadata(), protocol=4)
-    s = read_dcp_metadata_columns(io.BytesIO(data), fast_from=0)
+    s = read_metadata(io.BytesIO(data), fast_from=0)
     assert s.fallback == "refused inside a replay"
-    assert s.to_dcp_metadata() == outcome(data, reference=True)[1]
+    assert s.with_chunk_objects() == outcome(data, reference=True)[1]
 
 
 class _Evil:
@@ -149,7 +149,7 @@ def test_a_dangerous_global_in_a_saveplan_between_runs_is_reported(monkeypatch: 
     seen = _replays(monkeypatch)
     report = PickleReport()
     try:
-        read_dcp_metadata_columns(io.BytesIO(data), report, fast_from=0)
+        read_metadata(io.BytesIO(data), report, fast_from=0)
     except Exception:  # noqa: BLE001 - only the verdict matters here
         pass
     assert seen["plan"] >= 1  # plan runs crossed SavePlan boundaries before and after it
@@ -161,13 +161,13 @@ def test_join_when_keys_do_not_pack_and_when_tensors_are_shared(monkeypatch: pyt
     """Chunk offsets near 2**31 x 2**30 (the (key, offsets) rows are compared as bytes), and two keys naming one
     TensorStorageMetadata (the table is not in read order): the batch paths and the loop against the reference."""
     calls = {"packed": 0}
-    real = _stream_table._packed
+    real = dcp_table._packed
 
     def counted(*a: Any) -> Any:
         calls["packed"] += 1
         return real(*a)
 
-    monkeypatch.setattr(_stream_table, "_packed", counted)
+    monkeypatch.setattr(dcp_table, "_packed", counted)
     huge = pickle.dumps(_metadata(huge=True), protocol=4)
     assert_batch_equals_loop(huge)
     assert calls["packed"]  # the other dims did pack
@@ -200,8 +200,8 @@ def test_packed_and_row_keys_join_alike(d: int) -> None:
     srows = np.arange(n_s)
     crows = np.arange(n_c)
     t_end = np.cumsum(lens)
-    a = _stream_table._join(n_keys, d, s_kid, s_flat, s_cs, srows, t_end, crows, c_flat, coord_start)
-    b = _stream_table._join(2**62, d, s_kid, s_flat, s_cs, srows, t_end, crows, c_flat, coord_start)
+    a = dcp_table._join(n_keys, d, s_kid, s_flat, s_cs, srows, t_end, crows, c_flat, coord_start)
+    b = dcp_table._join(2**62, d, s_kid, s_flat, s_cs, srows, t_end, crows, c_flat, coord_start)
     assert (a[1] >= 0).any() and (a[1] < 0).any()
     assert np.array_equal(a[1], b[1])
     assert sorted(a[0].tolist()) == sorted(b[0].tolist())

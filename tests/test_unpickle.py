@@ -34,7 +34,7 @@ from ckptinspect.pickling.walk import DYNAMIC_GLOBAL, walk_pickle
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.unpickle import MAX_NESTING, Opaque, PickleReport, load_pickle
 from ckptinspect.pickling.torch_archive import read_torch_archive
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.formats.dcp.metadata import read_dcp_metadata
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = Path(os.environ.get("CKPTINSPECT_SAMPLES", REPO / "sample_ckpts"))
@@ -292,7 +292,7 @@ def test_a_100_gb_length_claim_in_a_streamed_metadata_file_is_quiet(opcode: byte
     """`.metadata` is streamed from its file: an allocation the claim makes fail must end as a finding, with no
     exception escaping into the interpreter's unraisable hook (CPython's BYTEARRAY8 path leaves a bytearray with an
     exported buffer behind: "SystemError: deallocated bytearray object has exported buffers" on stderr)."""
-    from ckptinspect.formats.dcp import read_dcp_dir
+    from ckptinspect.formats.dcp.reader import read_dcp_dir
 
     (tmp_path / ".metadata").write_bytes(b"\x80\x05" + opcode + HUGE.to_bytes(8, "little") + b"abc.")
     d = read_dcp_dir(tmp_path, "ck")

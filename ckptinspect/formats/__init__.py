@@ -2,7 +2,9 @@
 
 The registry is the literal `READERS` table below. Every reader has the same contract:
 
-1. `read(path: Path, label: str) -> Checkpoint`, `label` being the path as the user named it;
+1. `read(path: Path, label: str, seen: SeenMetadata | None) -> Checkpoint`, `label` being the path as the user
+   named it, `seen` what the sniff of this read parsed already (`dcp.stream.SeenMetadata`: a `.metadata` is read
+   once per checkpoint read, handed from the sniff to the reader explicitly);
 2. it never raises for a broken, hostile or half-written checkpoint: what it could not read becomes findings in
    `Checkpoint.findings` (CK1xx format, CK206 unreadable `.pt`, CK601/CK602 pickle safety, CK603 bounds);
 3. it reads metadata only: tensor bytes are never loaded, and nothing from the checkpoint is executed.
@@ -20,7 +22,8 @@ from pathlib import Path
 from ckptinspect.errors import access_failure
 from ckptinspect.findings import Finding
 from ckptinspect.formats.args_values import args_findings
-from ckptinspect.formats.dcp import read_dcp
+from ckptinspect.formats.dcp.reader import read_dcp
+from ckptinspect.formats.dcp.stream import SeenMetadata
 from ckptinspect.formats.inflight import age_of, megatron_iteration
 from ckptinspect.formats.legacy import read_legacy, with_save_in_progress
 from ckptinspect.formats.nvrx_local import LOCAL_FILE, find_local_root, read_nvrx_local, virtual_iteration
@@ -31,14 +34,18 @@ from ckptinspect.model import Checkpoint, Format
 from ckptinspect.io.local import note_failed_open, probe_dir, unread_scope
 from ckptinspect.io.findings import storage_findings, unread_findings
 
-Reader = Callable[[Path, str], Checkpoint]
+Reader = Callable[[Path, str, SeenMetadata | None], Checkpoint]
 
 
-def _read_fsdp(path: Path, label: str) -> Checkpoint:
-    return read_dcp(path, label, Format.FSDP_DTENSOR)
+def _read_fsdp(path: Path, label: str, seen: SeenMetadata | None = None) -> Checkpoint:
+    return read_dcp(path, label, seen, fmt=Format.FSDP_DTENSOR)
 
 
-def _read_nvrx(path: Path, label: str) -> Checkpoint:
+def _read_legacy(path: Path, label: str, seen: SeenMetadata | None = None) -> Checkpoint:
+    return read_legacy(path, label)  # no `.metadata`
+
+
+def _read_nvrx(path: Path, label: str, seen: SeenMetadata | None = None) -> Checkpoint:
     """An NVRx iteration: the virtual `{root}/iter_N`, or one `{root}/{rank}/iter_N_R_local.pt` file (its iteration)."""
     found = virtual_iteration(path)
     if found is None and LOCAL_FILE.match(path.name):
@@ -54,7 +61,7 @@ def _read_nvrx(path: Path, label: str) -> Checkpoint:
 
 READERS: tuple[tuple[Format, Reader], ...] = (
     (Format.TORCH_DIST, read_torch_dist),
-    (Format.TORCH, read_legacy),
+    (Format.TORCH, _read_legacy),
     (Format.TORCH_DCP, read_dcp),
     (Format.FSDP_DTENSOR, _read_fsdp),
     (Format.NVRX_LOCAL, _read_nvrx),
@@ -109,8 +116,9 @@ def _read_checkpoint(path: Path, label: str, megatron_context: bool) -> Checkpoi
     payload = layout.payload if layout is not None else path
     if payload != path and probe_dir(payload) is not None:
         return Checkpoint(path=label, format=None)
-    sniff = sniff_checkpoint(payload, megatron_context or layout is not None)
-    ckpt = read_sniffed(payload, label, sniff)
+    seen = SeenMetadata()  # what the sniff parses, for the reader (this read only)
+    sniff = sniff_checkpoint(payload, megatron_context or layout is not None, seen=seen)
+    ckpt = read_sniffed(payload, label, sniff, seen)
     if ckpt.format is Format.TORCH:  # a legacy save being written is unfinished, not damaged (`inflight.py`)
         ckpt = with_save_in_progress(ckpt, payload, megatron_context)
     ckpt = enrich(ckpt, path, label, layout, payload_complete=sniff.state is SniffState.COMPLETE)
@@ -123,7 +131,7 @@ def _with_args_findings(ckpt: Checkpoint) -> Checkpoint:
     return replace(ckpt, findings=ckpt.findings + bad) if bad else ckpt
 
 
-def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
+def read_sniffed(path: Path, label: str, sniff: CheckpointSniff, seen: SeenMetadata | None = None) -> Checkpoint:
     state_findings: tuple[Finding, ...] = ()
     if sniff.state is not SniffState.COMPLETE:
         subject = sniff.subject or {"CK101": "metadata.json", "CK103": ".metadata.tmp", "CK131": "metadata.json",
@@ -137,7 +145,7 @@ def read_sniffed(path: Path, label: str, sniff: CheckpointSniff) -> Checkpoint:
         )
     if sniff.format is None:
         return Checkpoint(path=label, format=None, findings=state_findings, extra={"evidence": list(sniff.evidence)})
-    ckpt = reader_for(sniff.format)(path, label)
+    ckpt = reader_for(sniff.format)(path, label, seen)
     state_findings += storage_findings(path, label, ckpt.findings)
     extra = dict(ckpt.extra)
     extra["evidence"] = list(sniff.evidence)

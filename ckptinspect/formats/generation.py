@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.dcp.metadata import DcpMetadata
 
 COMMON_PT = "common.pt"
 COMMON_STATE_KEY = "common_state/shard_0_1"

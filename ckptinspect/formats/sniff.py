@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ckptinspect.formats._files import regular_size
 from ckptinspect.io.local import noted, probe_dir, read_small
-from ckptinspect.formats.dcp_hf import hf_layout
-from ckptinspect.formats.dcp_ranks import missing_message, rank_files
-from ckptinspect.formats.dcp_stream import read_metadata_file
+from ckptinspect.formats.dcp.hf import hf_layout
+from ckptinspect.formats.dcp.ranks import missing_message, rank_files
+from ckptinspect.formats.dcp.stream import SeenMetadata, read_metadata
 from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_generation
 from ckptinspect.formats.inflight import MSC_METADATA_TMP, msc_temp_of
 from ckptinspect.formats.legacy import is_legacy_dir
@@ -72,13 +72,15 @@ def _has_data_files(path: Path) -> bool:
         return False
 
 
-def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2) -> CheckpointSniff:
+def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2, *,
+                     seen: SeenMetadata | None = None) -> CheckpointSniff:
     """Sniff one checkpoint dir (or a legacy `.pt` file). Never raises.
 
     `megatron_context` says the dir sits in a Megatron save dir (tracker / `iter_*` naming), which decides the
     format of a save that crashed before `.metadata` existed. A save being written can move on between the checks
     below (a data file appearing after the dir was found holding only `common.pt`): a Megatron iteration dir that
     reads as no checkpoint while it holds a file of the save is sniffed again (`_again` more times at most).
+    `seen`: where a `.metadata` the sniff parses is kept for the reader that follows (`read_checkpoint`'s).
     """
     if path.is_file():
         if LOCAL_FILE.match(path.name):
@@ -88,7 +90,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2
             return CheckpointSniff(Format.TORCH, (f"{path.name}: a torch.save file (legacy per-rank format)",),
                                    "megatron legacy torch", SniffState.COMPLETE)
         if path.name == ".metadata":
-            return sniff_checkpoint(path.parent, megatron_context)
+            return sniff_checkpoint(path.parent, megatron_context, seen=seen)
         return CheckpointSniff(None, (f"{path.name} is a file of no known checkpoint format",), None, SniffState.CK100)
     ev: list[str] = []
     mj = path / "metadata.json"
@@ -120,7 +122,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2
             gen = GEN_ZARR
             ev.append("zarr backend: one zarr array dir per tensor key, no .metadata (megatron-core <=0.15)")
         elif gen is not None and isinstance(cfg, dict):
-            finer = _megatron_generation(path, cfg)
+            finer = _megatron_generation(path, cfg, seen)
             if finer.label is not None:
                 gen = finer.label
                 ev.extend(finer.evidence)
@@ -135,7 +137,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2
         return CheckpointSniff(Format.TORCH, tuple(ev), "megatron legacy torch", SniffState.COMPLETE)
     if (path / ".metadata").exists():
         ev.append(".metadata present, no metadata.json")
-        fmt, markers = _dcp_or_unfinished(path)
+        fmt, markers = _dcp_or_unfinished(path, seen)
         ev.extend(markers)
         if fmt is Format.TORCH_DIST:
             ev.append("Megatron markers without metadata.json: a torch_dist save that was not finalized")
@@ -143,7 +145,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2
         return CheckpointSniff(fmt, tuple(ev), "torch.distributed.checkpoint", SniffState.COMPLETE)
     rf = rank_files(path)
     if rf.metadata:
-        # `dcp.save(..., use_collectives=False)`: every rank wrote its own `__R.metadata` (`dcp_ranks.py`)
+        # `dcp.save(..., use_collectives=False)`: every rank wrote its own `__R.metadata` (`dcp/ranks.py`)
         shown = ", ".join(rf.metadata.values())
         ev.append(f"per-rank metadata {shown if len(rf.metadata) <= 4 else str(len(rf.metadata)) + ' files'}, no "
                   ".metadata: dcp.save(..., use_collectives=False); dcp.load reads each rank's own")
@@ -173,7 +175,7 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2
     if started is not None:
         return CheckpointSniff(Format.TORCH_DIST, (started,), None, SniffState.CK130)
     if _again > 0 and _save_moved_on(path, megatron_context):
-        return sniff_checkpoint(path, megatron_context, _again - 1)
+        return sniff_checkpoint(path, megatron_context, _again - 1, seen=seen)
     return CheckpointSniff(None, ("no metadata.json, no .metadata, no mp_rank_* dirs",), None, SniffState.CK100)
 
 
@@ -226,7 +228,7 @@ def _started_save(path: Path, megatron_context: bool) -> str | None:
     return None
 
 
-def _megatron_generation(path: Path, cfg: dict[str, object]) -> Generation:
+def _megatron_generation(path: Path, cfg: dict[str, object], seen: SeenMetadata | None) -> Generation:
     """The release family from a small `.metadata` and `common.pt` (both read without executing anything)."""
     from ckptinspect.errors import ReadError
     from ckptinspect.pickling.plain import to_plain
@@ -236,8 +238,8 @@ def _megatron_generation(path: Path, cfg: dict[str, object]) -> Generation:
     size = regular_size(path / ".metadata")
     if size is not None and size <= (64 << 20):
         try:
-            # kept for the reader that follows: the file is read once (`dcp_stream.read_metadata_file`)
-            md = read_metadata_file(path / ".metadata", keep=True).as_dcp_metadata()
+            # kept in `seen` for the reader that follows: the file is read once
+            md = read_metadata(path / ".metadata", seen=seen, keep=True)
         except Exception:  # noqa: BLE001 - the reader reports an unreadable .metadata; sniff just knows less
             md = None
     common = None
@@ -289,7 +291,7 @@ def sniff_stacked(path: Path, megatron_context: bool = False) -> tuple[Checkpoin
     return CheckpointSniff(s.format, layout.evidence + s.evidence, s.generation, state), layout.stack
 
 
-def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
+def _dcp_or_unfinished(path: Path, seen: SeenMetadata | None) -> tuple[Format, list[str]]:
     markers: list[str] = []
     if (path / "common.pt").exists():
         markers.append("common.pt present")
@@ -298,8 +300,8 @@ def _dcp_or_unfinished(path: Path) -> tuple[Format, list[str]]:
     if size is None or size > (64 << 20):
         return Format.TORCH_DCP, markers
     try:
-        # kept for the reader that follows: the file is read once (`dcp_stream.read_metadata_file`)
-        md = read_metadata_file(path / ".metadata", keep=True)
+        # kept in `seen` for the reader that follows: the file is read once
+        md = read_metadata(path / ".metadata", seen=seen, keep=True)
     except Exception:  # noqa: BLE001 - unreadable metadata is reported by the reader; sniff falls back to DCP
         return Format.TORCH_DCP, markers
     keys = list(md.table.keys) + [o.key for o in md.objects]

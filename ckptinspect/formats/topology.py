@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ckptinspect.formats.args_values import arg_int
-from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.dcp.metadata import DcpMetadata
 from ckptinspect.model import Tensor, Topology
 
 EXPERT_TP_SOURCE = "expert linear_fc2 chunk layout"

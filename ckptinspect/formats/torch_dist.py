@@ -23,8 +23,9 @@ from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import read_torch_file
 from ckptinspect.formats.args_values import arg_flag, arg_int
-from ckptinspect.formats.dcp import read_dcp_dir
-from ckptinspect.formats.dcp_metadata import DcpMetadata
+from ckptinspect.formats.dcp.reader import read_dcp_dir
+from ckptinspect.formats.dcp.stream import SeenMetadata
+from ckptinspect.formats.dcp.metadata import DcpMetadata
 from ckptinspect.formats.generation import megatron_generation
 from ckptinspect.formats.zarr_dir import read_zarr_arrays
 from ckptinspect.formats.topology import topology_from
@@ -56,9 +57,10 @@ def read_metadata_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
-def read_torch_dist(path: Path, label: str) -> Checkpoint:
-    """Read a Megatron-Core torch_dist checkpoint dir. Never raises for a broken checkpoint."""
-    d = read_dcp_dir(path, label)
+def read_torch_dist(path: Path, label: str, seen: SeenMetadata | None = None) -> Checkpoint:
+    """Read a Megatron-Core torch_dist checkpoint dir. Never raises for a broken checkpoint. `seen`: what the sniff
+    of this read parsed already (`dcp.stream.SeenMetadata`)."""
+    d = read_dcp_dir(path, label, seen)
     findings = list(d.findings)
     md = d.metadata
     config, why = read_metadata_json(path)

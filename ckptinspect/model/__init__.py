@@ -300,7 +300,7 @@ class Checkpoint:
     table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
       run vectorised over millions of chunks; None for formats without one (legacy).
     rank_metadata: DCP per-rank metadata (`dcp.save(..., use_collectives=False)`): the `__R.metadata` files read and
-      merged (`formats/dcp_ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
+      merged (`formats/dcp/ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
       replicas, not overlaps. Empty for a checkpoint with one `.metadata`.
     save_in_progress: the reader found a save being written here (a legacy `mp_rank_*` iteration the tracker does not
       name, whose newest file is within the age rule's grace, `formats/inflight.py`): what is missing or cut is the

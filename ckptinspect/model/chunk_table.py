@@ -2,7 +2,7 @@
 
 A fully sharded checkpoint has millions of chunks (a 70B model on 1,024 GPUs: ~2M; a large MoE: tens of millions).
 As `Chunk`/`StoredItem` objects they cost ~0.5 KB each; as columns a few dozen bytes. `ChunkTable` is additive to the
-neutral model: readers that stream `.metadata` (`formats/dcp_stream.py`) build it, checks read its arrays, and
+neutral model: readers that stream `.metadata` (`formats/dcp/stream.py`) build it, checks read its arrays, and
 `tensor_chunks(t)` / `to_tensors()` give the per-tensor objects where a caller really wants them (small tensors,
 tests comparing with the reference reader).
 

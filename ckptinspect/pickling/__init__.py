@@ -16,6 +16,7 @@ Reading:
   one `PickleReport` (what was referenced and called) and the one builder of its findings (CK601 / CK602 / CK604);
 - `standins.py`, `builders.py` (stand-in values for allowlisted torch / numpy / builtin constructors), `plain.py`
   (stand-ins to plain values);
-- `torch_archive.py`: `torch.save` zip archives (directory, `data.pkl`, storages);
-- `stream_*.py`: the streaming evaluator behind the DCP `.metadata` reader (`formats/dcp_stream.py`).
+- `torch_archive.py`: `torch.save` zip archives (directory, `data.pkl`, storages).
+
+The streaming evaluator of DCP `.metadata` files is DCP's own and lives with its reader (`formats/dcp/vm_*.py`).
 """

@@ -2,7 +2,7 @@
 
 Every reader of pickles asks this module, and only this module, what a GLOBAL / STACK_GLOBAL / INST / OBJ name is:
 the opcode walker (`judge.py`, which gives the verdict), the safe unpickler's `find_class` (`unpickle.py`) and the
-streaming `.metadata` reader (`stream_eval.py`). The tables behind it are `allowlist.py` (which names may be
+streaming `.metadata` reader (`formats/dcp/vm_eval.py`). The tables behind it are `allowlist.py` (which names may be
 referenced) and `callables.py` (which may be called); this module decides how a name as spelled in a pickle maps
 onto them.
 

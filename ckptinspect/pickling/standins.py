@@ -1,12 +1,13 @@
 """The stand-ins `SafeUnpickler` (`unpickle.py`) hands back instead of the classes and functions a pickle names:
-`Obj` / `StatefulObj` for instances of allowed classes, `Rec` / `CRec` for the DCP records a million-chunk `.metadata`
-holds millions of, `Opaque` placeholders for globals outside the allowlist. Every stand-in class is made per load
-with the `FrozenClass` metaclass (a pickle cannot change it); allowed builder functions are wrapped in `FrozenCall`.
+`Obj` / `StatefulObj` for instances of allowed classes, `Rec` / `CRec` for the records a reader names
+(`unpickle.Records`: the classes a file holds millions of, such as a DCP `.metadata`'s chunks), `Opaque`
+placeholders for globals outside the allowlist. Every stand-in class is made per load with the `FrozenClass`
+metaclass (a pickle cannot change it); allowed builder functions are wrapped in `FrozenCall`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ckptinspect.pickling.allowlist import GlobalClass
@@ -76,7 +77,7 @@ class Obj:
 
 
 class Rec(list):  # type: ignore[type-arg]
-    """Stand-in for the DCP metadata classes a million-chunk `.metadata` holds millions of.
+    """Stand-in for a record class (`unpickle.Records.classes`: what a file holds millions of).
 
     A `list` subclass whose `__setstate__` is `list.append`: NEWOBJ creates it and BUILD stores the pickled state
     as item 0, both in C. The state dict pickle built is kept as is — no per-object `__dict__` copy — which halves
@@ -85,7 +86,7 @@ class Rec(list):  # type: ignore[type-arg]
 
     qualname: ClassVar[str] = "?"
     __setstate__ = list.append
-    # MetadataIndex instances are dict keys in `storage_data`: hash and compare by identity, as plain objects do.
+    # Records can be dict keys (DCP's MetadataIndex in `storage_data`): hash and compare by identity, as objects do.
     __hash__ = object.__hash__  # type: ignore[assignment]
     __eq__ = object.__eq__
     __ne__ = object.__ne__
@@ -103,7 +104,7 @@ class Rec(list):  # type: ignore[type-arg]
 
 
 class CRec(Rec):
-    """A `Rec` for the three per-chunk DCP classes (ChunkStorageMetadata, MetadataIndex, _StorageInfo): BUILD keeps
+    """A `Rec` for a compact record class (`unpickle.Records.compact`; DCP: its three per-chunk classes): BUILD keeps
     only the tuple of the `fields` values and empties the pickled dict, which the memo would otherwise keep alive
     until the load ends (~170 bytes per object; three objects per chunk)."""
 
@@ -130,15 +131,6 @@ class CRec(Rec):
             return default
         value = self.values()[self.fields.index(name)]
         return default if value is None else value
-
-
-# Field order of the compact records (torch 2.13 `metadata.py` / `filesystem.py`).
-_COMPACT_FIELDS: Mapping[str, tuple[str, ...]] = {
-    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata": ("offsets", "sizes"),
-    "torch.distributed.checkpoint.metadata.MetadataIndex": ("fqn", "offset", "index"),
-    "torch.distributed.checkpoint.filesystem._StorageInfo": ("relative_path", "offset", "length",
-                                                             "transform_descriptors"),
-}
 
 
 class StatefulObj(Obj):

@@ -18,6 +18,7 @@ import io
 import os
 import pickle
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
@@ -32,7 +33,6 @@ from ckptinspect.pickling.allowlist import (
 from ckptinspect.pickling.policy import resolve
 from ckptinspect.pickling.report import PickleReport as PickleReport
 from ckptinspect.pickling.standins import (
-    _COMPACT_FIELDS,
     _HEAPTYPE,
     CRec as CRec,
     FrozenCall,
@@ -62,22 +62,24 @@ _FUNCTIONS: Mapping[tuple[str, str], Callable[..., Any]] = {
     ("copy_reg", "_reconstructor"): _reconstructor,
 }
 
-# DCP classes made `Rec`s (C-speed, no `__dict__`); everything else allowed becomes a `StatefulObj`.
-_FAST_CLASSES = frozenset(
-    {
-        "torch.distributed.checkpoint.metadata.TensorProperties",
-        "torch.distributed.checkpoint.metadata.Metadata",
-        "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
-        "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
-        "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
-        "torch.distributed.checkpoint.metadata.MetadataIndex",
-        "torch.distributed.checkpoint.metadata.StorageMeta",
-        "torch.distributed.checkpoint.filesystem._StorageInfo",
-        "torch.distributed.checkpoint.planner.SavePlan",
-        "torch.distributed.checkpoint.planner.WriteItem",
-        "torch.distributed.checkpoint.planner.TensorWriteData",
-    }
-)
+@dataclass(frozen=True, slots=True)
+class Records:
+    """A reader's hint to the unpickler for the allowed classes a file holds millions of (its format's records):
+
+    classes: built as `Rec`s (a list holding the pickled state: C-speed, no `__dict__`) instead of `StatefulObj`s;
+    compact: of those, the ones built as `CRec`s that keep only these fields' values (in this order);
+    discard_from / discard: once a class whose name ends with `discard_from` is referenced, the classes of
+      `discard` take their state through the given C function (`dict.clear`: dropped as BUILD hands it over).
+    The verdict on a global never depends on it (`find_class` judges first).
+    """
+
+    classes: frozenset[str] = frozenset()
+    compact: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    discard_from: str | None = None
+    discard: Mapping[str, Any] = field(default_factory=dict)
+
+
+NO_RECORDS = Records()
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -88,10 +90,10 @@ class SafeUnpickler(pickle.Unpickler):
     2. `persistent_load` turns torch's `('storage', ...)` ids into `StorageRef`s (the bytes are not read).
     """
 
-    def __init__(self, file: IO[bytes], report: PickleReport | None = None, discard_plans: bool = False) -> None:
+    def __init__(self, file: IO[bytes], report: PickleReport | None = None, records: Records = NO_RECORDS) -> None:
         super().__init__(file)
         self.report = report if report is not None else PickleReport()
-        self.discard_plans = discard_plans
+        self.records = records
         self._in_plans = False
         self._shared: dict[type[Rec], Rec] = {}
         self._classes: dict[str, type[Obj]] = {}
@@ -106,7 +108,7 @@ class SafeUnpickler(pickle.Unpickler):
         self.report.note(qual, verdict)
         if verdict is GlobalClass.ALLOWED:
             module, name = r.target
-            if self.discard_plans and not self._in_plans and name.endswith("SavePlan"):
+            if self.records.discard_from and not self._in_plans and name.endswith(self.records.discard_from):
                 self._enter_plans()
             fn = _FUNCTIONS.get((module, name))
             if fn is not None:
@@ -115,7 +117,7 @@ class SafeUnpickler(pickle.Unpickler):
                 return DType(TORCH_DTYPES[name])
             if module in ("torch", "torch.storage") and name in TORCH_STORAGE_DTYPES:
                 return StorageType(TORCH_STORAGE_DTYPES[name])
-            if qual in _FAST_CLASSES:
+            if qual in self.records.classes:
                 return self._rec(qual)
             return self._stub(qual, StatefulObj)
         cls = self._stub(qual, Opaque)
@@ -138,32 +140,33 @@ class SafeUnpickler(pickle.Unpickler):
     def _rec(self, qual: str) -> type[Rec]:
         cls = self._recs.get(qual)
         if cls is None:
-            fields = _COMPACT_FIELDS.get(qual)
+            fields = self.records.compact.get(qual)
             if fields is not None:
                 cls = _frozen(qual.rsplit(".", 1)[-1], (CRec,), {"qualname": qual, "fields": fields})
             else:
                 cls = _frozen(qual.rsplit(".", 1)[-1], (Rec,), {"qualname": qual})
             self._recs[qual] = cls
-            if self._in_plans and qual in _PLAN_DISCARD:
+            if self._in_plans and qual in self.records.discard:
                 self._discard(cls, qual)
         return cls
 
     def _discard(self, cls: type[Rec], qual: str) -> None:
         # NEWOBJ returns one shared record per class (`dict.get(cls)`: C, no object per item) and BUILD empties the
         # state (C). The plan lists still hold one reference per item, so per-rank counts stay exact.
-        type.__setattr__(cls, "__setstate__", _PLAN_DISCARD[qual])
-        shared = _frozen(cls.__name__, (Rec,), {"qualname": qual, "__setstate__": _PLAN_DISCARD[qual]})
+        setstate = self.records.discard[qual]
+        type.__setattr__(cls, "__setstate__", setstate)
+        shared = _frozen(cls.__name__, (Rec,), {"qualname": qual, "__setstate__": setstate})
         self._shared[cls] = shared()
         type.__setattr__(cls, "__new__", staticmethod(self._shared.get))
 
     def _enter_plans(self) -> None:
-        """From the first SavePlan on (Megatron's `all_local_plans`, ~half of a large `.metadata`), the items'
-        states are dropped as soon as BUILD hands them over: the plans only count items per rank here, and what
-        they describe is already in `storage_data`. The memo keeps every state dict alive until the load ends;
-        emptying them (in C: `dict.clear`) roughly halves the plans' memory."""
+        """From the first `discard_from` class on (DCP: the first SavePlan of Megatron's `all_local_plans`, ~half of
+        a large `.metadata`), the `discard` records' states are dropped as soon as BUILD hands them over: the
+        reader only counts them. The memo keeps every state dict alive until the load ends; emptying them (in C:
+        `dict.clear`) roughly halves the plans' memory."""
         self._in_plans = True
         for qual, cls in self._recs.items():
-            if qual in _PLAN_DISCARD:
+            if qual in self.records.discard:
                 self._discard(cls, qual)
 
     def _stub(self, qual: str, base: type[Obj]) -> type[Obj]:
@@ -201,19 +204,8 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-# How plan-item records take their state once `SavePlan`s are being read (`SafeUnpickler._enter_plans`): dict states
-# are emptied, TensorProperties' tuple state is ignored. Both are C functions: no Python call per item.
-_PLAN_DISCARD: Mapping[str, Any] = {
-    "torch.distributed.checkpoint.planner.WriteItem": staticmethod(dict.clear),
-    "torch.distributed.checkpoint.planner.TensorWriteData": staticmethod(dict.clear),
-    "torch.distributed.checkpoint.metadata.MetadataIndex": staticmethod(dict.clear),
-    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata": staticmethod(dict.clear),
-    "torch.distributed.checkpoint.metadata.TensorProperties": staticmethod(id),
-}
-
-
 def load_pickle(
-    source: bytes | memoryview | IO[bytes], report: PickleReport | None = None, discard_plans: bool = False,
+    source: bytes | memoryview | IO[bytes], report: PickleReport | None = None, records: Records = NO_RECORDS,
     prewalked: bool = False,
 ) -> Any:
     """Unpickle `source` (bytes, or a binary file streamed from its current position) with `SafeUnpickler`.
@@ -251,15 +243,15 @@ def load_pickle(
         stream: IO[bytes] = io.BufferedReader(io.BytesIO(source))
     else:
         stream = source
-    return unpickle_stream(stream, report, discard_plans)
+    return unpickle_stream(stream, report, records)
 
 
-def unpickle_stream(stream: IO[bytes], report: PickleReport, discard_plans: bool = False,
+def unpickle_stream(stream: IO[bytes], report: PickleReport, records: Records = NO_RECORDS,
                     unpickler: type[SafeUnpickler] | None = None) -> Any:
     """Unpickle ONE pickle from `stream`, leaving it just past that pickle's STOP (a buffered stream: the C unpickler
     reads ahead with `peek` and consumes only what it used). The bytes must have been opcode-walked into `report`
     already (`walk_stream` of the whole stream): this is the second read. Same errors as `load_pickle`."""
-    reader = (unpickler or SafeUnpickler)(stream, report, discard_plans)
+    reader = (unpickler or SafeUnpickler)(stream, report, records)
     try:
         return reader.load()
     except (MemoryError, RecursionError) as e:

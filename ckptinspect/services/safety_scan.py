@@ -16,7 +16,7 @@ from typing import IO, Any
 from ckptinspect.services.safety_containers import ContainerScan, PickleScan, Where
 from ckptinspect.errors import LimitExceeded, ReadError, read_code
 from ckptinspect.findings import Finding, Status, status_of
-from ckptinspect.formats.dcp_metadata import read_dcp_metadata
+from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Shifted, Undecodable, decode_item, tensor_bound
 from ckptinspect.model import ObjectItem, StoredItem, Tensor, dtype_size
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES
@@ -233,7 +233,7 @@ def items_by_file(data: bytes, bounds: dict[tuple[str, int], int] | None = None
     """Stored items of a `.metadata` (read with the allowlisting unpickler: nothing is executed), by file; `bounds`
     as for `stored_items`."""
     try:
-        md = read_dcp_metadata(data)
+        md = read_metadata(data)
     except ReadError:
         return {}
     except Exception:  # noqa: BLE001 - a malformed .metadata only costs the item locations; its walk reported it

@@ -2,24 +2,21 @@
 
 Opcodes are the binary ones of protocols 2-5 (what `pickle.dump` writes for DCP `Metadata`); anything else
 (protocol-0 text opcodes, persistent ids, extension codes, out-of-band buffers) raises `Fallback`. `fast` (see
-`stream_fast.py`) takes over at the byte patterns a DCP writer repeats per chunk; this loop does the rest.
+`vm_fast.py`) takes over at the byte patterns a DCP writer repeats per chunk; this loop does the rest.
 """
 
 from __future__ import annotations
 
 from typing import IO, Any, Callable
 
-from ckptinspect.pickling.stream_eval import (
+from ckptinspect.formats.dcp.vm_eval import (
     _D,
     _UNSET,
     BUILDER_VALUES,
-    CHUNK,
     MAX_BYTES_ARG,
     MAX_STACK,
     OPAQUE,
-    PLAN_ITEMS,
     STORAGE_MARK,
-    TSM,
     CountList,
     Fallback,
     Global,
@@ -32,6 +29,7 @@ from ckptinspect.pickling.stream_eval import (
     may_hook,
     resolve_global,
 )
+from ckptinspect.formats.dcp.names import CHUNK, PLAN_ITEMS, TSM
 from ckptinspect.pickling.report import PickleReport
 
 BLOCK = 8 << 20
@@ -60,7 +58,7 @@ class Walker:
         self.rows_pushed = self.rows_listed = self.pairs_pushed = self.pairs_set = 0
 
     def release(self) -> None:
-        """Drop what the walk built and its fast paths. The fast paths close over the walker (`stream_fast.py`): a
+        """Drop what the walk built and its fast paths. The fast paths close over the walker (`vm_fast.py`): a
         reference cycle that holds the memo, the stack and so the whole object graph. Built under `no_gc`, which
         freezes it, that cycle is never collected: every `.metadata` read would stay in memory for good."""
         self.fast.clear()

@@ -1,4 +1,4 @@
-"""The byte patterns of the three records a DCP writer repeats per chunk (used by `stream_fast.py`).
+"""The byte patterns of the three records a DCP writer repeats per chunk (used by `vm_fast.py`).
 
 Each record is one regular expression built piece by piece (`_Pattern`): every capturing group is named, every memo
 GET is captured, and the `*_WANT` tables say what the named GETs must hold (a class, a field name, a builder).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ckptinspect.pickling.stream_eval import CHUNK as CHUNK_CLS, INDEX, PROPS, STORAGE_INFO, TSM
+from ckptinspect.formats.dcp.names import CHUNK as CHUNK_CLS, INDEX, PROPS, SAVE_PLAN, STORAGE_INFO, TSM, WRITE_ITEM
 
 _INT = (rb"(?:K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.....|\x8a\x06......"
         rb"|\x8a\x07.......|\x8a\x08........)")
@@ -128,7 +128,7 @@ def _chunk_pattern(p: _Pattern, tag: str) -> _Pattern:
             .size(tag + "sizes").raw(b"ub"))
 
 
-# What may follow a chunk inside a run (`stream_bounds.py`): the next batch of 1,000 of the same chunk list (APPENDS
+# What may follow a chunk inside a run (`vm_bounds.py`): the next batch of 1,000 of the same chunk list (APPENDS
 # MARK), or the end of this tensor (APPENDS, SETITEMS, BUILD of its TensorStorageMetadata) and the next
 # state_dict_metadata entry up to its chunk list's MARK: its key (SHORT_BINUNICODE), TensorStorageMetadata(properties=
 # TensorProperties(dtype, layout, requires_grad, memory_format, pin_memory), size=torch.Size, chunks=[...]). One
@@ -162,7 +162,7 @@ STORAGE = _Pattern()
 _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 (STORAGE.get("si").raw(_NEW).get("k_path").raw(b"(?:").get("path").raw(b"|").string("path_s").raw(b")")
  .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub")
- # the end of a batch of 1,000 storage_data entries and the start of the next (SETITEMS MARK): `stream_bounds.py`
+ # the end of a batch of 1,000 storage_data entries and the start of the next (SETITEMS MARK): `vm_bounds.py`
  .raw(b"(?:").flag("batch", rb"u(?:\x95.{8})*\(").raw(b")?").varying("fqn", "path"))
 STORAGE_REC = STORAGE.compile()
 STORAGE_RUN = STORAGE.compile_run()
@@ -175,7 +175,7 @@ _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).r
  .raw(b"(?:").get("props_ref").raw(b"|").get("props").flag("props_new", rb"\)\x81\x94\(").get().get()
  .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|")
  .size("size", True).raw(b")ub)ub"))
-# What may follow a WriteItem inside a run (`stream_bounds.py`): the next batch of the same items list (APPENDS MARK),
+# What may follow a WriteItem inside a run (`vm_bounds.py`): the next batch of the same items list (APPENDS MARK),
 # or the end of this SavePlan (APPENDS, its other fields, SETITEMS BUILD) and the start of the next one up to its
 # items list's MARK. SavePlan's fields in dataclass order: items, storage_data (None), planner_data, usable. One
 # group of the WriteItem pattern, as `TENSOR_BOUND`.
@@ -188,8 +188,6 @@ PLAN.cap("bound", b"(?:" + PLAN_BOUND.inline() + b")?").varying("fqn", "chunk", 
 PLAN_REC = PLAN.compile()
 PLAN_RUN = PLAN.compile_run()
 
-WRITE_ITEM = "torch.distributed.checkpoint.planner.WriteItem"
-SAVE_PLAN = "torch.distributed.checkpoint.planner.SavePlan"
 _ANY_CLASS = object()
 _ANY_KEY = object()
 _ANY_VALUE = object()  # any value the walk kept (a GET of one it did not keep makes the loop fall back)
@@ -203,7 +201,7 @@ _INDEX_WANT = {"k_fqn": "fqn", "k_offset_a": "offset", "offset_a_fn": tuple, "k_
                "k_offset_b": "offset", "offset_b_fn": tuple, "k_index_b": "index"}
 _STORAGE_WANT = {"mi": INDEX, **_INDEX_WANT, "si": STORAGE_INFO, "k_path": "relative_path", "k_pos": "offset",
                  "k_len": "length"}
-_PLAN_WANT = {"wi": "torch.distributed.checkpoint.planner.WriteItem", "k_index": _ANY_KEY, "mi": _ANY_CLASS,
+_PLAN_WANT = {"wi": WRITE_ITEM, "k_index": _ANY_KEY, "mi": _ANY_CLASS,
               "k_fqn": _ANY_KEY, "k_offset_a": _ANY_KEY, "offset_a_fn": tuple, "k_index_a": _ANY_KEY,
               "k_offset_b": _ANY_KEY, "offset_b_fn": tuple, "k_index_b": _ANY_KEY,
               "k_type": _ANY_KEY, "type_fn": int, "k_bytes": _ANY_KEY, "k_tensor": _ANY_KEY, "twd": _ANY_CLASS,

@@ -13,10 +13,10 @@ from ckptinspect.errors import ReadError, read_code
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import list_files, pickle_findings
 from ckptinspect.pickling.unpickle import PickleReport
-from ckptinspect.formats.dcp_hf import hf_layout, read_hf
-from ckptinspect.formats.dcp_metadata import DcpMetadata
-from ckptinspect.formats.dcp_ranks import rank_files, read_rank_metadata
-from ckptinspect.formats.dcp_stream import read_metadata_file
+from ckptinspect.formats.dcp.hf import hf_layout, read_hf
+from ckptinspect.formats.dcp.metadata import DcpMetadata
+from ckptinspect.formats.dcp.ranks import rank_files, read_rank_metadata
+from ckptinspect.formats.dcp.stream import SeenMetadata, read_metadata
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
 
 METADATA = ".metadata"
@@ -32,8 +32,9 @@ class DcpDir:
     rank_metadata: tuple[str, ...] = ()  # the `__R.metadata` files merged when there is no `.metadata`
 
 
-def read_dcp_dir(path: Path, label: str) -> DcpDir:
-    """Read `path/.metadata` (if any) and list the files. Never raises for a broken checkpoint."""
+def read_dcp_dir(path: Path, label: str, seen: SeenMetadata | None = None) -> DcpDir:
+    """Read `path/.metadata` (if any) and list the files. Never raises for a broken checkpoint. `seen`: what the
+    sniff of this read parsed already (`stream.SeenMetadata`)."""
     files = list_files(path)
     findings: list[Finding] = []
     md: DcpMetadata | None = None
@@ -41,8 +42,8 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
     if mpath.exists() or mpath.is_symlink():
         report = PickleReport()
         try:
-            # the sniff may have read it already: `read_metadata_file` hands over what it kept
-            md = read_metadata_file(mpath, report).as_dcp_metadata()
+            # the sniff may have read it already: `seen` hands over what it kept
+            md = read_metadata(mpath, report, seen=seen)
         except OSError as e:
             findings.append(Finding(read_code(e, "CK106"), f".metadata unreadable: {e.strerror or e}", METADATA, label))
         except ReadError as e:
@@ -50,7 +51,7 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
         # Also after a failed parse: the pickle may have referenced dangerous globals before failing.
         findings.extend(pickle_findings(report, METADATA, label))
     else:
-        # `dcp.load` reads `.metadata` first and each rank's `__R.metadata` only without one (`dcp_ranks.py`)
+        # `dcp.load` reads `.metadata` first and each rank's `__R.metadata` only without one (`ranks.py`)
         rf = rank_files(path)
         if rf.metadata:
             md, more = read_rank_metadata(path, rf, label)
@@ -62,12 +63,13 @@ def read_dcp_dir(path: Path, label: str) -> DcpDir:
     return DcpDir(files, md, tuple(findings))
 
 
-def read_dcp(path: Path, label: str, fmt: Format = Format.TORCH_DCP) -> Checkpoint:
+def read_dcp(path: Path, label: str, seen: SeenMetadata | None = None, *,
+             fmt: Format = Format.TORCH_DCP) -> Checkpoint:
     """Read a plain PyTorch DCP checkpoint dir (torchtitan `step-N/`, fsdp_dtensor), or the Hugging Face storage
-    writer's safetensors (`dcp_hf.py`)."""
+    writer's safetensors (`hf.py`). `seen`: as for `read_dcp_dir`."""
     if not (path / METADATA).exists() and not rank_files(path).metadata and hf_layout(path) is not None:
         return read_hf(path, label)
-    d = read_dcp_dir(path, label)
+    d = read_dcp_dir(path, label, seen)
     md = d.metadata
     extra: dict[str, object] = {}
     world = None

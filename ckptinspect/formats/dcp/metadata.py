@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
+from ckptinspect.formats.dcp.names import RECORDS, RECORDS_DISCARDING_PLANS
+from ckptinspect.formats.dcp.table import table_from_tensors
+from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.pickling.unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 
@@ -26,9 +29,11 @@ _KNOWN_ATTRS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class DcpMetadata:
-    """The parts of a `.metadata` pickle ckptinspect uses, as plain data.
+    """The parts of a `.metadata` pickle ckptinspect uses, as plain data: what both readers return (the streaming
+    `stream.read_metadata` and the reference `read_dcp_metadata`).
 
-    tensors / objects: every TensorStorageMetadata / BytesStorageMetadata entry, with storage looked up.
+    tensors / objects: every TensorStorageMetadata / BytesStorageMetadata entry, with storage looked up (from
+      `read_metadata`, the tensors are views of `table`: no object per chunk).
     planner_keys: number of entries of `planner_data` (None when it is None; Megatron writes None).
     rank_items: number of items each save-time rank wrote (`all_local_plans`), () when absent.
     mcore_data: Megatron-Core 0.8–0.15 original shapes of N-D reformulated tensors.
@@ -36,6 +41,9 @@ class DcpMetadata:
     unknown_attrs: root attributes this reader does not know (tolerated, noted).
     storage_without_metadata: storage entries whose fqn has no metadata entry.
     report: globals the pickle referenced.
+    table: the chunks of `tensors` as columns (not compared: `tensors` says the same).
+    fallback: why the streaming reader handed the file to the reference one (None when it read it itself, and
+      from the reference reader).
     """
 
     tensors: tuple[Tensor, ...]
@@ -49,7 +57,13 @@ class DcpMetadata:
     unknown_attrs: tuple[str, ...]
     storage_without_metadata: int
     report: PickleReport
-    table: Any = field(default=None, compare=False)  # the `ChunkTable` of `tensors` when streamed (`dcp_stream.py`)
+    table: ChunkTable = field(compare=False)
+    fallback: str | None = field(default=None, compare=False)
+
+    def with_chunk_objects(self) -> DcpMetadata:
+        """The same metadata with one `Chunk` object per chunk (the reference's shape): for tests comparing the two
+        readers, and callers that want objects."""
+        return replace(self, tensors=self.table.to_tensors())
 
 
 def parse_shard_key(key: str) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
@@ -79,16 +93,16 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
     with no_gc():
         try:
             try:
-                root = load_pickle(data, report, discard_plans=True)
+                root = load_pickle(data, report, RECORDS_DISCARDING_PLANS)
             except LimitExceeded:
                 raise  # the walk's bound holds for the plain read too
             except ReadError:
                 # A pickle the plan-discarding fast path cannot take (a non-dict item state): read it plainly.
                 if isinstance(data, bytes):
-                    root = load_pickle(data, report, prewalked=True)
+                    root = load_pickle(data, report, RECORDS, prewalked=True)
                 else:
                     data.seek(start)
-                    root = load_pickle(data, report, prewalked=True)
+                    root = load_pickle(data, report, RECORDS, prewalked=True)
         except ReadError as e:
             raise ReadError(str(e), e.code if e.code in ("CK603", "CK605") else "CK106") from e
         state = _state(root)
@@ -96,10 +110,10 @@ def read_dcp_metadata(data: bytes | IO[bytes], report: PickleReport | None = Non
             # The fast path assumes the plans are the root's last field (Megatron sets `all_local_plans` after
             # torch built the Metadata); anything read after them would have been discarded. Read plainly.
             if isinstance(data, bytes):
-                root = load_pickle(data, report, prewalked=True)
+                root = load_pickle(data, report, RECORDS, prewalked=True)
             else:
                 data.seek(start)
-                root = load_pickle(data, report, prewalked=True)
+                root = load_pickle(data, report, RECORDS, prewalked=True)
             state = _state(root)
         if state is None or not isinstance(state.get("state_dict_metadata"), dict):
             what = getattr(root, "qualname", type(root).__name__)
@@ -196,8 +210,11 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
                 raise TypeError(f"chunk of {key!r} is not a ChunkStorageMetadata")
             cst = c[0] if c else None
             offs, sizes = cst if type(cst) is tuple and len(cst) == 2 else c.values()
-            offs = _coords(offs, "chunk offset")
-            chunks.append(Chunk(offs, _coords(sizes, "chunk size"), get((key, offs))))
+            offs, sizes = _coords(offs, "chunk offset"), _coords(sizes, "chunk size")
+            if len(offs) != len(sizes):
+                raise ValueError(f"chunk of {key[:200]!r} has {len(offs)} offsets and {len(sizes)} sizes: "
+                                 "chunk offsets and sizes differ in length")
+            chunks.append(Chunk(offs, sizes, get((key, offs))))
         tensors.append(Tensor(key, size, _dtype(mst.get("properties")), tuple(chunks), None, mcore_data.get(key)))
         if isinstance(raw_chunks, list):
             raw_chunks.clear()
@@ -213,7 +230,7 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
     return DcpMetadata(
         tuple(tensors), tuple(objects), planner_keys, rank_items, mcore_data,
         str(version) if version is not None else None, checkpoint_id, getattr(root, "qualname", "?"), unknown,
-        orphans, report,
+        orphans, report, table_from_tensors(tensors, mcore_data),
     )
 
 

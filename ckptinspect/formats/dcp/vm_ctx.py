@@ -1,15 +1,15 @@
-"""Per-walk state of the batch paths (`stream_fast.py`): memo values seen, GETs verified, specialised patterns."""
+"""Per-walk state of the batch paths (`vm_fast.py`): memo values seen, GETs verified, specialised patterns."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any
 
-from ckptinspect.pickling.stream_eval import OPAQUE, Global
-from ckptinspect.pickling.stream_patterns import _ANY_CLASS, _ANY_KEY, _ANY_VALUE, _Pattern
+from ckptinspect.formats.dcp.vm_eval import OPAQUE, Global
+from ckptinspect.formats.dcp.vm_patterns import _ANY_CLASS, _ANY_KEY, _ANY_VALUE, _Pattern
 
 if TYPE_CHECKING:
-    from ckptinspect.pickling.stream_walk import Walker
+    from ckptinspect.formats.dcp.vm_walk import Walker
 
 MAX_LITERALS = 64  # GETs a specialised pattern may list; beyond, runs use the generic (slower) one
 
@@ -27,7 +27,7 @@ class Ctx:
         self.special: dict[int, tuple[re.Pattern[bytes], dict[int, int]]] = {}
         self.version = w.memo.version
         self.dirty = False  # a fast path began to change the walk's state (its Fallback then ends the walk)
-        self.bound_good: set[tuple[str, bytes]] = set()  # boundary GETs verified (`stream_bounds.read_bounds`)
+        self.bound_good: set[tuple[str, bytes]] = set()  # boundary GETs verified (`vm_bounds.read_bounds`)
 
     def value(self, raw: bytes) -> Any:
         v = self.values.get(raw, _MISS)
@@ -51,7 +51,7 @@ class Ctx:
         """Specialise `pat` to the record at `pos` (see `_Pattern.specialize`): its GETs that are not `vary` must
         hold what the loop needs (as `gets_ok` checks them) and name slots filled before it. False when there is
         no such record here (the loop reads on)."""
-        from ckptinspect.pickling import stream_batch as B
+        from ckptinspect.formats.dcp import vm_batch as B
 
         m = rec.match(buf, pos)
         if m is None:
@@ -83,7 +83,7 @@ class Ctx:
         column, not a step per record. `own`: GETs of any value whose slots the caller checks itself."""
         import numpy as np
 
-        from ckptinspect.pickling import stream_batch as B
+        from ckptinspect.formats.dcp import vm_batch as B
 
         ok = np.ones(len(base), dtype=bool)
         free = []  # GETs of any value: only their slots are checked, all columns in one numpy pass

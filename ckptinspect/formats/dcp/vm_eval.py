@@ -1,4 +1,4 @@
-"""The opcode evaluator behind the streaming `.metadata` reader (`dcp_stream.py`): values, memo, stack.
+"""The opcode evaluator behind the streaming `.metadata` reader (`stream.py`): values, memo, stack.
 
 It walks the pickle opcode by opcode (protocols 2-5, as torch's `FileSystemWriter.finish` and Megatron write it) and
 evaluates only what a DCP `Metadata` needs, writing chunks and storage entries into `_Sink` columns instead of
@@ -24,30 +24,13 @@ from typing import Any
 from ckptinspect.pickling.builders import BUILDERS, DType, StorageType
 from ckptinspect.pickling.allowlist import TORCH_DTYPES, TORCH_STORAGE_DTYPES, GlobalClass
 from ckptinspect.pickling.policy import DICT_MAKERS, SLOT_HOOK_NAMES, STR_MAKERS, resolve
+from ckptinspect.formats.dcp.names import CHUNK, INDEX, STORAGE_INFO
+from ckptinspect.formats.dcp.names import RECORD_CLASSES as REC_CLASSES
 from ckptinspect.pickling.report import PickleReport
 
 LOW_MEMO = 1 << 16  # memo slots that keep any value
 MAX_STACK = 1_000_000  # stack entries + open MARKs before giving up (the reference bounds deeper input)
 MAX_BYTES_ARG = 64 << 20  # one string / bytes argument
-
-_MD = "torch.distributed.checkpoint.metadata."
-CHUNK = _MD + "ChunkStorageMetadata"
-TSM = _MD + "TensorStorageMetadata"
-PROPS = _MD + "TensorProperties"
-INDEX = _MD + "MetadataIndex"
-STORAGE_INFO = "torch.distributed.checkpoint.filesystem._StorageInfo"
-# The classes the reference unpickler makes list-based `Rec`s (`_unpickle._FAST_CLASSES`): they ignore NEWOBJ args.
-REC_CLASSES = frozenset({
-    _MD + "TensorProperties", _MD + "Metadata", TSM, _MD + "BytesStorageMetadata", CHUNK, INDEX,
-    _MD + "StorageMeta", STORAGE_INFO, "torch.distributed.checkpoint.planner.SavePlan",
-    "torch.distributed.checkpoint.planner.WriteItem", "torch.distributed.checkpoint.planner.TensorWriteData",
-})
-
-# Records of the plans whose state nobody reads (the reference empties them the same way, `_PLAN_DISCARD`).
-PLAN_ITEMS = frozenset({
-    "torch.distributed.checkpoint.planner.WriteItem", "torch.distributed.checkpoint.planner.TensorWriteData",
-    INDEX, CHUNK, PROPS,
-})
 
 
 class Fallback(Exception):

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckptinspect.model.chunk_table import ChunkTable
-from ckptinspect.pickling.stream_eval import Sink
+from ckptinspect.formats.dcp.vm_eval import Sink
 from ckptinspect.model import StoredItem, Tensor
 
 # numpy is imported where a table is built, not with the package (sniff / ls / --version stay quick).

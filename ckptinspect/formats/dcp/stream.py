@@ -1,32 +1,34 @@
-"""Streaming reader of a DCP `.metadata` pickle: the chunk table as columns, the file read once, in blocks.
+"""Reading a DCP `.metadata`: `read_metadata`, the one entry point: the streaming reader, falling back to the reference.
 
-`read_dcp_metadata_columns(f)` walks the pickle's opcodes itself (`pickling/stream_walk.py`, `pickling/stream_fast.py`) and returns
-`StreamedMetadata`: what `dcp_metadata.DcpMetadata` holds, with the tensors as a `ChunkTable` (a few dozen bytes
-per chunk instead of ~2 KB of stand-in objects). Its safety is the reference unpickler's: the same allowlist
-verdict for every global (recorded in the same `PickleReport`), the same pure data builders, nothing imported or
-called. When the stream holds anything the evaluator does not model exactly (a global outside the allowlist, a
-shape of data no DCP writer produces, a broken or truncated pickle), the reader starts over with the reference
-`read_dcp_metadata` and converts its result: findings, errors and the model are then the reference's by
-construction. `StreamedMetadata.fallback` says why that happened (None when the stream was read here).
+`read_metadata` walks the pickle's opcodes itself (`vm_walk.py`, `vm_fast.py`), the file read once, in blocks, and
+returns a `DcpMetadata` whose chunks are a `ChunkTable` (a few dozen bytes per chunk instead of ~2 KB of stand-in
+objects; its `tensors` are views of the table). Its safety is the reference unpickler's: the same allowlist verdict
+for every global (recorded in the same `PickleReport`), the same pure data builders, nothing imported or called.
+When the stream holds anything the evaluator does not model exactly (a global outside the allowlist, a shape of data
+no DCP writer produces, a broken or truncated pickle), the reader starts over with the reference
+`metadata.read_dcp_metadata`: findings, errors and the model are then the reference's by construction.
+`DcpMetadata.fallback` says why that happened (None when the stream was read here).
+
+A path is read at most once per checkpoint read: the sniff that parsed it hands its result to the reader that
+follows through a `SeenMetadata` (made by `formats.read_checkpoint`, passed explicitly; nothing process-wide).
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Mapping
-from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 from typing import IO, Any
 
-from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.errors import ReadError
-from ckptinspect.pickling.stream_eval import _UNSET, LOW_MEMO, TSM, CountList, Fallback, Inst, Sink
-from ckptinspect.pickling.stream_fast import install_fast_paths
-from ckptinspect.formats._stream_table import build_table, table_from_tensors
-from ckptinspect.pickling.stream_walk import Walker, walk
+from ckptinspect.formats.dcp.names import TSM
+from ckptinspect.formats.dcp.vm_eval import _UNSET, LOW_MEMO, CountList, Fallback, Inst, Sink
+from ckptinspect.formats.dcp.vm_fast import install_fast_paths
+from ckptinspect.formats.dcp.table import build_table
+from ckptinspect.formats.dcp.vm_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
-from ckptinspect.formats.dcp_metadata import (
+from ckptinspect.formats.dcp.metadata import (
     _KNOWN_ATTRS,
     MAX_COORD,
     MAX_DIMS,
@@ -40,51 +42,62 @@ from ckptinspect.io.local import file_size, open_regular
 # The streaming reader holds no copy of the file: its bound is on what it walks, not what it keeps.
 MAX_STREAM_BYTES = 64 << 30
 
-
-@dataclass(frozen=True, slots=True)
-class StreamedMetadata:
-    """`DcpMetadata` with the tensors as columns (`table`); every other field as there."""
-
-    table: ChunkTable
-    objects: tuple[ObjectItem, ...]
-    planner_keys: int | None
-    rank_items: tuple[int, ...]
-    mcore_data: Mapping[str, tuple[int, ...]]
-    version: str | None
-    checkpoint_id: str | None
-    root_class: str
-    unknown_attrs: tuple[str, ...]
-    storage_without_metadata: int
-    report: PickleReport
-    fallback: str | None = None
-
-    def to_dcp_metadata(self) -> DcpMetadata:
-        """The reference reader's value (per-chunk objects): for tests and callers that want objects."""
-        return DcpMetadata(self.table.to_tensors(), self.objects, self.planner_keys, self.rank_items,
-                           self.mcore_data, self.version, self.checkpoint_id, self.root_class, self.unknown_attrs,
-                           self.storage_without_metadata, self.report)
-
-    def as_dcp_metadata(self) -> DcpMetadata:
-        """A `DcpMetadata` whose tensors are views of the table (no object per chunk) and that carries the table."""
-        return DcpMetadata(self.table.tensor_views(), self.objects, self.planner_keys, self.rank_items,
-                           self.mcore_data, self.version, self.checkpoint_id, self.root_class, self.unknown_attrs,
-                           self.storage_without_metadata, self.report, self.table)
+_FileKey = tuple[object, int, int, int]
 
 
-def read_dcp_metadata_columns(
-    data: bytes | IO[bytes], report: PickleReport | None = None, fast: bool = True, fast_from: int = LOW_MEMO
-) -> StreamedMetadata:
-    """Read `.metadata` (bytes, or a binary file from its current position). Raises `ReadError` as
-    `read_dcp_metadata` does (CK106, CK603); `report` collects the globals also when reading fails. `fast=False`
-    walks every opcode; `fast_from` (tests) starts the batch paths at that memo slot instead of `LOW_MEMO`."""
+@dataclass(slots=True)
+class SeenMetadata:
+    """The `.metadata` files one checkpoint read parsed already, for the steps after the one that parsed them (the
+    sniff, then the reader): keyed by the file's identity (device, inode, size, mtime; an object's URL and size), so
+    a file that changed in between is read again. `keep` entries stay for the next caller; others are taken."""
+
+    kept: dict[_FileKey, DcpMetadata] = field(default_factory=dict)
+
+
+def read_metadata(
+    source: PurePath | bytes | IO[bytes], report: PickleReport | None = None, *, seen: SeenMetadata | None = None,
+    keep: bool = False, fast: bool = True, fast_from: int = LOW_MEMO,
+) -> DcpMetadata:
+    """Read a `.metadata`: a path (opened safely, bounded to `MAX_STREAM_BYTES`), bytes, or a binary file from its
+    current position. Raises `ReadError` as `read_dcp_metadata` does (CK106, CK603), `OSError` for a path that
+    cannot be read; `report` collects the globals also when reading fails.
+
+    `seen` (paths only): what earlier steps of the same checkpoint read parsed; a hit is returned (its whole verdict
+    merged into `report`), and with `keep` (the sniff) the result stays there for the reader that follows.
+    `fast=False` walks every opcode; `fast_from` (tests) starts the batch paths at that memo slot instead of
+    `LOW_MEMO`."""
     report = report if report is not None else PickleReport()
-    f: IO[bytes]
-    if isinstance(data, bytes):
-        import io
+    if isinstance(source, PurePath):
+        return _read_path(source, report, seen, keep)
+    return _read(io.BytesIO(source) if isinstance(source, bytes) else source, report, fast, fast_from)
 
-        f = io.BytesIO(data)
-    else:
-        f = data
+
+def _read_path(path: PurePath, report: PickleReport, seen: SeenMetadata | None, keep: bool) -> DcpMetadata:
+    with open_regular(path, whole=True) as f:
+        try:
+            st = os.fstat(f.fileno())
+            key: _FileKey = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            size = st.st_size
+        except io.UnsupportedOperation:  # an object in object storage: its URL and listed size
+            size = file_size(f)
+            key = (str(path), size, 0, 0)
+        hit = None if seen is None else seen.kept.pop(key, None)
+        if hit is not None and seen is not None:
+            # the whole verdict, not only the globals: a call outside the inert constructors is what makes it unsafe
+            report.merge(hit.report)  # the worse verdict of a global spelled two ways stays
+            if keep:
+                seen.kept[key] = hit
+            return hit
+        if size > MAX_STREAM_BYTES:
+            raise ReadError(f".metadata of {size} bytes exceeds the {MAX_STREAM_BYTES} byte bound", "CK603")
+        out = _read(f, report, True, LOW_MEMO)
+    if keep and seen is not None:
+        seen.kept.clear()
+        seen.kept[key] = out
+    return out
+
+
+def _read(f: IO[bytes], report: PickleReport, fast: bool, fast_from: int) -> DcpMetadata:
     start = f.tell()
     probe = PickleReport()
     try:
@@ -114,46 +127,8 @@ def read_dcp_metadata_columns(
         raise ReadError(f".metadata of {remaining} bytes needs the reference unpickler ({why}), which is bounded "
                         f"to {MAX_PICKLE_BYTES} bytes", "CK603")
     md = read_dcp_metadata(f, report)
-    return from_reference(md, why)
-
-
-# What the last sniff read, for the reader that follows it (one entry: the sniff of one checkpoint dir).
-_SHARED: dict[tuple[object, int, int, int], StreamedMetadata] = {}
-
-
-def read_metadata_file(path: Path, report: PickleReport | None = None, keep: bool = False) -> StreamedMetadata:
-    """Read the `.metadata` at `path` once per process: with `keep` (the sniff) the result is kept for the next
-    caller of the same unchanged file (the reader), which takes it. Raises `OSError` / `ReadError`."""
-    report = report if report is not None else PickleReport()
-    with open_regular(path, whole=True) as f:
-        try:
-            st = os.fstat(f.fileno())
-            key: tuple[object, int, int, int] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            size = st.st_size
-        except io.UnsupportedOperation:  # an object in object storage: its URL and listed size
-            size = file_size(f)
-            key = (str(path), size, 0, 0)
-        hit = _SHARED.pop(key, None)
-        if hit is not None:
-            # the whole verdict, not only the globals: a call outside the inert constructors is what makes it unsafe
-            report.merge(hit.report)
-            if keep:
-                _SHARED[key] = hit
-            return hit
-        if size > MAX_STREAM_BYTES:
-            raise ReadError(f".metadata of {size} bytes exceeds the {MAX_STREAM_BYTES} byte bound", "CK603")
-        out = read_dcp_metadata_columns(f, report)
-    if keep:
-        _SHARED.clear()
-        _SHARED[key] = out
-    return out
-
-
-def from_reference(md: DcpMetadata, why: str | None = None) -> StreamedMetadata:
-    """A `StreamedMetadata` of what the reference reader built."""
-    return StreamedMetadata(table_from_tensors(md.tensors, md.mcore_data), md.objects, md.planner_keys,
-                            md.rank_items, md.mcore_data, md.version, md.checkpoint_id, md.root_class,
-                            md.unknown_attrs, md.storage_without_metadata, md.report, why)
+    # as the streamed result: tensors are views of the table (the reference's chunk objects are dropped here)
+    return replace(md, tensors=md.table.tensor_views(), fallback=why)
 
 
 def _state(o: Any) -> dict[Any, Any] | None:
@@ -165,7 +140,7 @@ def _state(o: Any) -> dict[Any, Any] | None:
     return st if type(st) is dict else None
 
 
-def _finish(root: Any, w: Walker) -> StreamedMetadata:
+def _finish(root: Any, w: Walker) -> DcpMetadata:
     state = _state(root)
     report = w.report
     if any(g.endswith("SavePlan") for g in report.globals) and (not state or list(state)[-1] != "all_local_plans"):
@@ -190,7 +165,7 @@ def _finish(root: Any, w: Walker) -> StreamedMetadata:
                 mcore_data[k] = tuple(shape)
 
     if not _coordinates_in_range(sink):
-        # The reference reader refuses them (`dcp_metadata._count`): a negative length, say, is a malformed
+        # The reference reader refuses them (`metadata._count`): a negative length, say, is a malformed
         # `.metadata`, and its verdict must be the reference's, not a table that downstream int64 math trusts.
         raise Fallback("coordinates outside [0, 2**62]")
 
@@ -226,16 +201,16 @@ def _finish(root: Any, w: Walker) -> StreamedMetadata:
     unknown = tuple(sorted(k for k in state if k not in _KNOWN_ATTRS and not str(k).startswith("_")))
     if any(type(k) is not str for k in unknown):
         raise Fallback("root attribute names")
-    return StreamedMetadata(
-        table, tuple(objects), planner_keys, _rank_items(state.get("all_local_plans")), mcore_data,
-        str(version) if version is not None else None, cid, root.cls.qual, unknown, orphans, w.report,
+    return DcpMetadata(
+        table.tensor_views(), tuple(objects), planner_keys, _rank_items(state.get("all_local_plans")), mcore_data,
+        str(version) if version is not None else None, cid, root.cls.qual, unknown, orphans, w.report, table,
     )
 
 
 def _coordinates_in_range(sink: Any) -> bool:
     """Every chunk offset and size, tensor dimension, storage offset and byte offset/length in [0, MAX_COORD]
     (storage keys of an object use -1 axes, not coordinates: their offsets row is empty); and, as the reference's
-    `dcp_metadata._coords` requires of a tensor's size and of each chunk's offsets and sizes, at most `MAX_DIMS`
+    `metadata._coords` requires of a tensor's size and of each chunk's offsets and sizes, at most `MAX_DIMS`
     axes and a product of at most MAX_COORD."""
     import numpy as np
 
@@ -305,7 +280,7 @@ def _plain(v: Any) -> bool:
 
 
 def _storage_mark() -> Any:
-    from ckptinspect.pickling.stream_eval import STORAGE_MARK
+    from ckptinspect.formats.dcp.vm_eval import STORAGE_MARK
 
     return STORAGE_MARK
 

@@ -1,9 +1,9 @@
-"""The list and object boundaries a run of records crosses (`stream_fast.py`), replayed with the loop's own steps.
+"""The list and object boundaries a run of records crosses (`vm_fast.py`), replayed with the loop's own steps.
 
 A run of WriteItems used to end with its items list: at every `SavePlan` (one per rank, ~75 items each at 1M chunks)
 the loop took over for a few dozen opcodes and the next run paid the batch decoders' fixed cost again. The PLAN
 pattern now also matches what follows a WriteItem up to the next one when it is one of two fixed shapes
-(`stream_patterns.py`): APPENDS MARK (the next batch of 1,000 items of the same list), or APPENDS, the SavePlan's
+(`vm_patterns.py`): APPENDS MARK (the next batch of 1,000 items of the same list), or APPENDS, the SavePlan's
 other fields, SETITEMS BUILD, and the next SavePlan up to its items list's MARK. Those opcodes are not modelled
 here: they are evaluated by the walker's own methods (`Walker.pop_mark`, `append`, `set_items`, `build`,
 `new_inst`, `new_list`, `Memo.push`), in the loop's order, on the values its GETs name (verified before: slots filled
@@ -18,11 +18,11 @@ import re
 from itertools import compress
 from typing import TYPE_CHECKING, Any
 
-from ckptinspect.pickling.stream_eval import MAX_STACK, OPAQUE, Fallback, Rows, StoragePairs
+from ckptinspect.formats.dcp.vm_eval import MAX_STACK, OPAQUE, Fallback, Rows, StoragePairs
 
 if TYPE_CHECKING:
-    from ckptinspect.pickling.stream_ctx import Ctx
-    from ckptinspect.pickling.stream_patterns import _Pattern
+    from ckptinspect.formats.dcp.vm_ctx import Ctx
+    from ckptinspect.formats.dcp.vm_patterns import _Pattern
 
 
 class Bound:
@@ -46,7 +46,7 @@ def read_bounds(ctx: Ctx, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str,
     every GET names a slot filled before the run that holds what `want` says (checked once per distinct GET), a
     spelled key has its declared length, a torch.Size decodes to at most 127 ints. None for a row that does not
     check out (the run is cut before it)."""
-    from ckptinspect.pickling import stream_batch as B
+    from ckptinspect.formats.dcp import vm_batch as B
 
     out: dict[int, Bound | None] = {}
     if not any(col):
@@ -74,7 +74,7 @@ def read_bounds(ctx: Ctx, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str,
 
 
 def _fields(pat: _Pattern, m: re.Match[bytes], b: Bound) -> Bound | None:
-    from ckptinspect.pickling import stream_batch as B
+    from ckptinspect.formats.dcp import vm_batch as B
 
     if "tsm" in pat.index:
         key_len, key = pat.group(m, "key_len"), pat.group(m, "key")

@@ -2,13 +2,13 @@
 
 `pickle.dump` writes every ChunkStorageMetadata, every `storage_data` entry (MetadataIndex → _StorageInfo) and every
 plan WriteItem with the same opcodes; only memo indices, integers and names change. Each is one compiled regular
-expression over the raw bytes (`stream_patterns.py`): a match is exactly what the opcode loop would parse at that
+expression over the raw bytes (`vm_patterns.py`): a match is exactly what the opcode loop would parse at that
 position (every alternative starts with a distinct opcode byte, every argument has its exact length), and it contains
 no opcode that names a global (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT*): globals are only ever resolved — and judged —
 by the opcode loop.
 
 A run of records is read in one `findall` (at most `SPAN` bytes at a time) and decoded column by column
-(`stream_batch.py`: numpy over the captured bytes), not record by record. The regular expression used is the record's
+(`vm_batch.py`: numpy over the captured bytes), not record by record. The regular expression used is the record's
 pattern specialised to the memo GETs already verified for it (class, field names, builders: literal bytes, which sre
 matches several times faster than captured alternations); a record naming another slot ends the run, the next call
 verifies it (`Ctx.learn`) and extends the specialisation. The memo values a record refers to are checked like the
@@ -27,18 +27,17 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from ckptinspect.pickling.stream_eval import (
-    CHUNK as CHUNK_CLS,
-    INDEX,
+from ckptinspect.formats.dcp.vm_eval import (
     LOW_MEMO,
     Fallback,
     Global,
     Rows,
     StoragePairs,
 )
-from ckptinspect.pickling.stream_bounds import plan_segments, read_bounds, storage_segments, tensor_segments
-from ckptinspect.pickling.stream_ctx import Ctx
-from ckptinspect.pickling.stream_patterns import (
+from ckptinspect.formats.dcp.names import CHUNK as CHUNK_CLS, INDEX, WRITE_ITEM
+from ckptinspect.formats.dcp.vm_bounds import plan_segments, read_bounds, storage_segments, tensor_segments
+from ckptinspect.formats.dcp.vm_ctx import Ctx
+from ckptinspect.formats.dcp.vm_patterns import (
     _CHUNK_WANT,
     _PLAN_WANT,
     _STORAGE_WANT,
@@ -57,12 +56,11 @@ from ckptinspect.pickling.stream_patterns import (
     TENSOR_BOUND,
     TENSOR_BOUND_REC,
     TENSOR_BOUND_WANT,
-    WRITE_ITEM,
     _Pattern,
 )
 
 if TYPE_CHECKING:
-    from ckptinspect.pickling.stream_walk import Walker
+    from ckptinspect.formats.dcp.vm_walk import Walker
 
 
 def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
@@ -91,7 +89,7 @@ def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
                 return _storage(ctx, buf, pos)
             return -1
         except Fallback:
-            if ctx.dirty:  # raised while replaying the loop's steps (`stream_bounds.py`): the loop's own verdict
+            if ctx.dirty:  # raised while replaying the loop's steps (`vm_bounds.py`): the loop's own verdict
                 raise
             return -1
 
@@ -143,7 +141,7 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     """A run of ChunkStorageMetadata(offsets=Size, sizes=Size): 8 memo slots each, one `Rows` marker."""
     import numpy as np
 
-    from ckptinspect.pickling import stream_batch as B
+    from ckptinspect.formats.dcp import vm_batch as B
 
     got = _run(ctx, CHUNK, CHUNK_REC, CHUNK_RUN, _CHUNK_WANT, buf, pos)
     if got is None:
@@ -194,7 +192,7 @@ def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
     record of it (`pushed`: slot -> string); and the mask of records where that holds."""
     import numpy as np
 
-    from ckptinspect.pickling import stream_batch as B
+    from ckptinspect.formats.dcp import vm_batch as B
 
     ok = np.ones(len(get), dtype=bool)
     distinct = {raw: B.slot(raw) for raw in set(get)}
@@ -237,7 +235,7 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     """A run of `storage_data` entries MetadataIndex -> _StorageInfo: straight into the storage columns."""
     import numpy as np
 
-    from ckptinspect.pickling import stream_batch as B
+    from ckptinspect.formats.dcp import vm_batch as B
 
     got = _run(ctx, STORAGE, STORAGE_REC, STORAGE_RUN, _STORAGE_WANT, buf, pos)
     if got is None:
@@ -313,7 +311,7 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     """A run of the plans' WriteItems: only their number and their memo slots matter (no string is kept)."""
     import numpy as np
 
-    from ckptinspect.pickling import stream_batch as B
+    from ckptinspect.formats.dcp import vm_batch as B
 
     got = _run(ctx, PLAN, PLAN_REC, PLAN_RUN, _PLAN_WANT, buf, pos)
     if got is None:

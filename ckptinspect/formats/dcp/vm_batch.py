@@ -1,4 +1,4 @@
-"""Vectorised decoding of the columns a run of records yields (`stream_fast.py`): ints, tuples, names, memo slots.
+"""Vectorised decoding of the columns a run of records yields (`vm_fast.py`): ints, tuples, names, memo slots.
 
 A run is read with one `findall` over the raw bytes; its capture groups, transposed, are columns of `bytes` (one per
 record, `b""` where an optional part is absent). These helpers turn such columns into numpy arrays without a Python
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ckptinspect.pickling.stream_eval import Fallback
+from ckptinspect.formats.dcp.vm_eval import Fallback
 
 I64 = np.int64
-# One int opcode with its argument, as `_INT` of `stream_patterns.py` accepts it.
+# One int opcode with its argument, as `_INT` of `vm_patterns.py` accepts it.
 _TOKEN = re.compile(rb"K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.....|\x8a\x06......"
                     rb"|\x8a\x07.......|\x8a\x08........", re.DOTALL)
 _ARITY = {0x85: 1, 0x86: 2, 0x87: 3}  # TUPLE1/2/3; MARK ... TUPLE ('t') is counted
@@ -41,7 +41,7 @@ def present(col: Sequence[bytes]) -> Any:
 
 
 def flags(col: Sequence[bytes]) -> Any:
-    """`present` of a `flag` group's column (`stream_patterns._Pattern.flag`: one byte, never 0, or nothing), in
+    """`present` of a `flag` group's column (`vm_patterns._Pattern.flag`: one byte, never 0, or nothing), in
     one C join: each record's value followed by a 0 byte, so a record is present where its 0 is not at its start."""
     n = len(col)
     a = np.frombuffer(b"\x00".join(col) + b"\x00", dtype=np.uint8)
@@ -144,7 +144,7 @@ def _ints_at(a: Any, p: Any) -> tuple[Any, Any]:
 
 def tuples(col: Sequence[bytes]) -> tuple[Any, Any]:
     """(every int of the column's tuples in order, each record's arity: -1 where the tuple is absent). Each present
-    record is one tuple of ints as `stream_patterns._TUP` matches it: ints then TUPLE1/2/3, or MARK ints TUPLE."""
+    record is one tuple of ints as `vm_patterns._TUP` matches it: ints then TUPLE1/2/3, or MARK ints TUPLE."""
     if len(col) < SMALL:
         joined = b"".join(col)
         values = decode_ints(_TOKEN.findall(joined))

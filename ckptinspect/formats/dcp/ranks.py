@@ -28,9 +28,9 @@ from pathlib import Path
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import pickle_findings
-from ckptinspect.formats._stream_table import table_from_tensors
-from ckptinspect.formats.dcp_metadata import DcpMetadata
-from ckptinspect.formats.dcp_stream import read_metadata_file
+from ckptinspect.formats.dcp.table import table_from_tensors
+from ckptinspect.formats.dcp.metadata import DcpMetadata
+from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.model import Chunk, ObjectItem, Tensor
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.io.objpath import ObjectPath
@@ -113,7 +113,7 @@ def read_rank_metadata(path: Path, rf: RankFiles, label: str) -> tuple[DcpMetada
     for rank, name in rf.metadata.items():
         rep = PickleReport()
         try:
-            md = read_metadata_file(path / name, rep).as_dcp_metadata()
+            md = read_metadata(path / name, rep)
         except OSError as e:
             findings.append(Finding("CK106", f"{name} unreadable: {e.strerror or e}", name, label))
             continue
