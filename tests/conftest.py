@@ -52,7 +52,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.longrepr = f"skipped for a missing fixture, which is a failure here: {reason}"
 
 
-# --- the fuzz suite's summary under pytest-xdist (tests/fuzz_stats.py) ----------------------------------------------
+# --- the fuzz suite's summary under pytest-xdist (tests/support/fuzz_stats.py) ----------------------------------------------
 
 _FUZZ_WORKER_STATS: list[str] = []
 
@@ -78,7 +78,7 @@ def pytest_testnodedown(node: object, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """xdist controller: the fuzz section a serial run prints (tests/test_fuzz.py), from every worker's part."""
+    """xdist controller: the fuzz section a serial run prints (tests/hostile/test_fuzz.py), from every worker's part."""
     if not _FUZZ_WORKER_STATS:
         return
     import os
