@@ -27,14 +27,10 @@ from typer.testing import CliRunner
 import ckptinspect
 from ckptinspect.cli.app import app
 from ckptinspect.findings import CODES, Status
-from corpus import CASES as BASE_CASES
-from corpus import Case, Ctx, missing_source
-from corpus_layouts import LAYOUT_CASES
+from corpus import ACCEPTANCE_CASES as CASES
+from corpus import Case, Ctx, case_named, missing_source
 from sarif_schema import sarif_doc
 from schemas import validate_document
-from corpus_stacks import STACK_CASES
-
-CASES = BASE_CASES + LAYOUT_CASES + STACK_CASES
 
 STATUS_RANK = {"complete": 0, "unrecognized": 1, "incomplete": 2, "corrupt": 3, "unsafe": 4}  # CONTRACT precedence
 
@@ -168,10 +164,6 @@ def test_case_names_are_unique() -> None:
     assert len(names) == len(set(names))
 
 
-def _case(name: str) -> Case:
-    return next(c for c in CASES if c.name == name)
-
-
 def test_hostile_payloads_are_live(tmp_path: Path) -> None:
     """The hostile cases prove something only if their payload really runs when loaded naively."""
     for source in ("torch_dist", "legacy"):
@@ -179,7 +171,7 @@ def test_hostile_payloads_are_live(tmp_path: Path) -> None:
             pytest.skip(missing_source(source) or "")
     ctx = Ctx(tmp_path / "bare", tmp_path / "PWNED-bare")
     ctx.work.mkdir()
-    ckpt = _case("hostile_metadata").build(ctx)
+    ckpt = case_named("hostile_metadata").build(ctx)
     subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))",
                     str(ckpt / ".metadata")], check=True, timeout=60)
     assert ctx.marker.exists()
@@ -188,7 +180,7 @@ def test_hostile_payloads_are_live(tmp_path: Path) -> None:
 
     ctx = Ctx(tmp_path / "legacy", tmp_path / "PWNED-legacy")
     ctx.work.mkdir()
-    save = _case("hostile_legacy_model_pt").build(ctx)
+    save = case_named("hostile_legacy_model_pt").build(ctx)
     torch.load(save / "iter_0000001" / "mp_rank_01_000" / "model_optim_rng.pt", weights_only=False)
     assert ctx.marker.exists()
     with pytest.raises(pickle.UnpicklingError):

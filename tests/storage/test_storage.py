@@ -344,9 +344,9 @@ def test_diff_and_ls_read_urls(s3_server: S3Server, td2_url: str) -> None:  # no
 @pytest.mark.parametrize("name", ["ok_torch_dist_save_dir", "hostile_rng_item"])
 def test_scan_of_a_url_gives_the_local_verdict(name: str, s3_server: S3Server, tmp_path: Path) -> None:  # noqa: F811
     """`scan` walks a bucket prefix as it walks a dir: same status, findings and pickles (subjects relative)."""
-    from corpus import CASES, Ctx
+    from corpus import Ctx, case_named
 
-    case = next(c for c in CASES if c.name == name)
+    case = case_named(name)
     ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
     ctx.work.mkdir()
     path = case.build(ctx)

@@ -47,10 +47,6 @@ def audit(target: str, flags: tuple[str, ...]) -> tuple[int, dict[str, Any], str
     return r.exit_code, json.loads(r.stdout), r.stderr
 
 
-def case_named(name: str) -> Case:
-    return next(c for c in CASES if c.name == name)
-
-
 def build_case(case: Case, tmp_path: Path) -> tuple[Ctx, Path]:
     """Build `case` in `tmp_path/case` (its marker file beside it): the context and the path to audit."""
     for source in case.sources:

@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from azurite_server import (ACCOUNT_KEY, AZURE_ENV_KEYS, AzuriteServer, azurite_server,  # noqa: F401 - the fixture
                              upload_azure)
 from ckptinspect.cli.app import app
+from corpus import case_named
 from s3_server import free_port
-from test_storage_acceptance import audit, build_case, case_named, verdict
+from test_storage_acceptance import audit, build_case, verdict
 
 # the same cases as tests/storage/test_storage_gcs.py: torch_dist is in the damaged ones, the flipped byte in `manifest verify`
 AZ_CASES = ("ok_legacy_checkpoint", "ok_dcp_checkpoint", "truncated_distcp", "deleted_distcp", "hostile_rng_item")

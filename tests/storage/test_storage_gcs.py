@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
+from corpus import case_named
 from gcs_server import GcsServer, gcs_server, upload_gcs  # noqa: F401 - the fixture
-from test_storage_acceptance import audit, build_case, case_named, verdict
+from test_storage_acceptance import audit, build_case, verdict
 
 # torch_dist is in the damaged cases; the flipped byte is in the `manifest verify` test
 GCS_CASES = ("ok_legacy_checkpoint", "ok_dcp_checkpoint", "truncated_distcp", "deleted_distcp", "hostile_rng_item")

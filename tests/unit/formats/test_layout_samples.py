@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
 from conftest import SAMPLES
-from corpus import Ctx
-from corpus_layouts import LAYOUT_CASES
+from corpus import Ctx, case_named
 
 # sample -> (topology, optimizer sharding, dtypes by component) as written by tools/make_sample_ckpts.py SAMPLES
 EXPECTED: dict[str, tuple[dict[str, int | None], str, dict[str, list[str]]]] = {
@@ -86,7 +85,7 @@ WHERE: dict[str, tuple[str, str, dict[str, Any] | None]] = {
 @pytest.mark.parametrize("name", sorted(WHERE))
 def test_corruption_names_its_place_in_the_layout(name: str, tmp_path: Path) -> None:
     code, text, coords = WHERE[name]
-    case = next(c for c in LAYOUT_CASES if c.name == name)
+    case = case_named(name)
     ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
     ctx.work.mkdir()
     rc, doc = _cli("audit", str(case.build(ctx)))

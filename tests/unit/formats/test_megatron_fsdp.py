@@ -12,8 +12,7 @@ from ckptinspect.formats import read_checkpoint
 from ckptinspect.formats.megatron_fsdp import group_meta_findings, rng_findings, swiglu_findings
 from ckptinspect.model import Format
 from conftest import SAMPLES
-from corpus import Ctx
-from corpus_stacks import STACK_CASES
+from corpus import Ctx, case_named
 
 ITER = SAMPLES / "megatron_fsdp" / "iter_0000001"
 FC1 = "model.module.decoder.layers.0.mlp.linear_fc1.weight"
@@ -114,7 +113,7 @@ def test_hostile_fsdp_args_payload_is_live(tmp_path: Path) -> None:
     `torch.load`s byte items with `weights_only=False`."""
     ctx = Ctx(tmp_path / "case", tmp_path / "PWNED")
     ctx.work.mkdir()
-    ckpt = next(c for c in STACK_CASES if c.name == "hostile_megatron_fsdp_args").build(ctx)
+    ckpt = case_named("hostile_megatron_fsdp_args").build(ctx)
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():

@@ -25,15 +25,11 @@ from ckptinspect.cli.app import app
 from ckptinspect.findings import CODES, Status
 from ckptinspect.render.sarif import Subject, subject_kind
 from conftest import SAMPLES
-from corpus import CASES as BASE_CASES
-from corpus import Case, Ctx, missing_source
-from corpus_layouts import LAYOUT_CASES
-from corpus_safety import SAFETY_CASES
-from corpus_stacks import STACK_CASES
+from corpus import FAMILIES, Case, Ctx, case_named, missing_source
 from s3_server import S3Server, s3_server, upload  # noqa: F401 - the fixture
 from sarif_schema import artifact, results, sarif_doc, validation_errors
 
-CASES = {c.name: c for c in BASE_CASES + LAYOUT_CASES + STACK_CASES}
+SAFETY_CASES = FAMILIES["safety"]
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -45,7 +41,7 @@ def cli(*args: str) -> tuple[int, str]:
 
 
 def build(name: str, tmp_path: Path) -> tuple[Path, Ctx, Case]:
-    case = CASES[name]
+    case = case_named(name)
     for source in case.sources:
         if missing_source(source):
             pytest.fail(f"{source} missing: the repo ships its samples")
