@@ -8,6 +8,10 @@ copy it to `tmp_path` first.
 The repo carries its own evidence: a test whose fixture is missing FAILS. The `pytest_runtest_makereport` hook
 below turns any skip whose reason says a file or sample is missing into a failure, so a broken checkout can never
 pass as "N passed, M skipped".
+
+Markers (registered in pyproject.toml): `storage` is set here, on every test that uses an object-storage server
+fixture (`s3_server`, `gcs_server`, `azurite_server`, or a fixture built on one); `slow`, `fuzz` and `live` are set
+on the tests themselves. The fast loop (CONTRIBUTING.md) deselects all four.
 """
 
 from __future__ import annotations
@@ -39,6 +43,17 @@ def fixture_0192() -> Path:
     if not FIXTURE_0192.is_dir():
         pytest.fail(f"{FIXTURE_0192} is missing (the repo ships it)")
     return FIXTURE_0192
+
+
+# The session fixtures that start a server on 127.0.0.1 (tests/support/s3_server.py, gcs_server.py, azurite_server.py).
+STORAGE_SERVERS = frozenset({"s3_server", "gcs_server", "azurite_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `storage` every test whose fixture closure starts an object-storage server."""
+    for item in items:
+        if STORAGE_SERVERS.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.storage)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -28,6 +28,8 @@ SAMPLES = ROOT / "sample_ckpts"
 sys.path.insert(0, str(ROOT / "tools"))
 import mcore_load  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 # The samples' model (sample_ckpts/README.md): 2 layers, hidden 16, 4 heads, padded vocab 128 (TP 1 and 2), seq 16.
 MODEL = {"layers": 2, "hidden": 16, "heads": 4, "padded_vocab_size": 128, "seq_length": 16}
 OK = {Outcome.LOADED, Outcome.RESHARDED}

@@ -20,6 +20,8 @@ import pytest
 
 from _unprivileged import Unprivileged, restore_modes, unprivileged  # noqa: F401 - the fixture
 
+pytestmark = pytest.mark.slow
+
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_ckpts"
 M19 = SAMPLES / "mcore_0_19_2"  # tracker 400, iter_0000400: common_state item in __0_0, byte items in __4_0
 ITER = "iter_0000400"

@@ -440,6 +440,7 @@ def _indices(base_pos: int, part: int) -> list[int]:
     return [i for i in range(CASES) if mine(i)]
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("part", range(PARTS))
 @pytest.mark.parametrize("base", list(BASES))
 def test_fuzz(base: str, part: int, pristine: dict[str, Path], tmp_path: Path) -> None:

@@ -243,6 +243,7 @@ def test_corrupt_compressed_members_are_findings(how: str, ckpt: Path) -> None:
 # --- names and output ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_lone_surrogates_and_non_utf8_names_give_valid_json(ckpt: Path, tmp_path: Path) -> None:
     import torch
 

@@ -198,6 +198,7 @@ _PLAIN_CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_plain_classes_really_are_plain(loaded: dict[str, Loaded]) -> None:
     """Every `PLAIN_CLASSES` entry, imported from the real libraries (torch 2.13, megatron-core 0.16.1): NEWOBJ +
     BUILD on it run no code of its own."""

@@ -110,6 +110,7 @@ def _codes(findings: tuple[Finding, ...]) -> set[str]:
 TORCHSCRIPT = ("ts:file", "ts:common.pt", "ts:legacy", "ts:distcp")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TORCHSCRIPT)
 def test_a_torchscript_archive_runs_under_torch_load_and_is_ck606(name: str, judged: dict[str, Judged]) -> None:
     j = judged[name]
@@ -145,6 +146,7 @@ def test_a_tar_checkpoint_with_a_hostile_pickle_is_unsafe(name: str, judged: dic
         assert _codes(findings) & {"CK601", "CK604"}, findings
 
 
+@pytest.mark.slow
 def test_a_benign_tar_written_in_torchs_layout_loads_and_is_judged_like_its_zip(judged: dict[str, Judged]) -> None:
     tar, zipped = judged["tar:benign"], judged["zip:benign"]
     assert tar.loader_error is None, tar.loader_error  # the real torch 2.13 loader takes the layout...

@@ -64,6 +64,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["extra:os.system", "extra:timeit", "extra:import_module", "dcp:parent",
                                   "dcp:absolute"])
 def test_the_real_loader_runs_it_and_ckptinspect_says_unsafe(name: str, samples: dict[str, tuple[Path, Path]]) -> None:
@@ -151,6 +152,7 @@ def _dcp_extra_state_tensor(ckpt: Path, data: bytes) -> tuple[Path, int, int]:
     return ckpt / info.relative_path, info.offset, info.length
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", [0, 1])
 def test_a_protocol_0_or_1_pickle_in_an_extra_state_tensor_runs_under_the_real_decoder_and_is_unsafe(
         tmp_path: Path, protocol: int) -> None:

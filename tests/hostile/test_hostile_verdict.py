@@ -105,6 +105,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sample]:
     return {k: Sample(p, m, errors.get(str(p))) for k, (p, m) in built.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", PAYLOADS)
 def test_called_globals_that_run_code_are_unsafe_whatever_their_name(kind: str, corpus: dict[str, Sample]) -> None:
     sample = corpus[f"payload:{kind}"]

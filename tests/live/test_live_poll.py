@@ -29,7 +29,7 @@ SLOW = {"open": 0.25, r"^common\.pt$": 0.02, r"\.distcp$": 0.001, r"metadata": 0
 POLL_SECONDS = 0.2
 UNFINISHED_CODES = {"CK130", "CK102", "CK103", "CK101", "CK131"}
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.live
 
 
 def _poll(command: str, save: Path) -> tuple[int, dict[str, Any]]:

@@ -38,6 +38,7 @@ def test_assert_checkpoint_passes_and_fails_like_the_cli(truncated: Path) -> Non
     assert_checkpoint(truncated, fail_on="never")
 
 
+@pytest.mark.slow
 def test_fixtures_come_from_the_entry_point(pytester: pytest.Pytester, truncated: Path) -> None:
     pytester.makepyfile(f"""
         def test_good(ckpt_audit):

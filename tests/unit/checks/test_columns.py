@@ -42,6 +42,7 @@ def test_samples_same_findings_and_summary(path: Path) -> None:
     assert summarize(table) == summarize(plain)
 
 
+@pytest.mark.slow
 def test_acceptance_checkpoints_same_findings(tmp_path: Path) -> None:
     n = 0
     for i, case in enumerate(CASES):

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from sarif_schema import sarif_doc
@@ -87,6 +88,7 @@ def uploaded(tmp_path: Path, outputs: dict[str, str]) -> dict[str, Any]:
     return sarif_doc((tmp_path / outputs["sarif"]).read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 def test_action_passes_on_a_complete_save_dir(tmp_path: Path) -> None:
     rc, stdout, summary, outputs = run_action(tmp_path, path=str(SAMPLES / "torch_dist"))
     assert rc == 0 and outputs == {"status": "complete", "exit-code": "0", "sarif": "ckptinspect.sarif"}
@@ -100,6 +102,7 @@ def test_action_passes_on_a_complete_save_dir(tmp_path: Path) -> None:
     assert rc == 1 and outputs["exit-code"] == "1" and "::warning title=CK506::" in stdout
 
 
+@pytest.mark.slow
 def test_action_fails_the_step_on_a_truncated_checkpoint(tmp_path: Path) -> None:
     save = tmp_path / "run"
     shutil.copytree(SAMPLES / "torch_dist", save)

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import SAMPLES
 
 M19 = SAMPLES / "mcore_0_19_2" / "iter_0000400"
@@ -76,6 +78,7 @@ def test_manifest_verify_without_a_terminal_writes_json_lines(tmp_path: Path) ->
     assert evs[-1]["eta_s"] == 0
 
 
+@pytest.mark.slow
 def test_events_are_rate_limited(tmp_path: Path) -> None:
     """A 256 MiB file hashed by `manifest write`: with a 0.1 s interval, progress events are at least 0.1 s apart,
     and the first comes with the first bytes."""
@@ -95,6 +98,7 @@ def test_events_are_rate_limited(tmp_path: Path) -> None:
     assert evs[-1]["elapsed_s"] / 0.1 + 2 >= len(progress)
 
 
+@pytest.mark.slow
 def test_audit_deep_and_diff_values_report_their_bytes() -> None:
     code, out, err = run("audit", str(SAMPLES / "dcp"), "--deep", "-o", "json")
     assert code == 0 and json.loads(out)["status"] == "complete"
@@ -117,6 +121,7 @@ def test_audit_deep_and_diff_values_report_their_bytes() -> None:
     assert {e["command"] for e in evs} == {"diff"} and evs[-1]["bytes_done"] == evs[-1]["bytes_total"] > 0
 
 
+@pytest.mark.slow
 def test_short_work_and_none_write_nothing_and_jsonl_can_be_forced(tmp_path: Path) -> None:
     assert run("audit", str(SAMPLES / "dcp"), "-o", "json")[2] == ""  # metadata-level: not long work
     assert run("diff", str(SAMPLES / "dcp"), str(SAMPLES / "dcp"), "-o", "json")[2] == ""

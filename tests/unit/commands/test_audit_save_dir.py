@@ -58,6 +58,7 @@ RUNS: dict[str, Callable[[Path], Any]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", list(RUNS))
 def test_peak_memory_does_not_grow_with_the_number_of_iterations(save_dirs: tuple[Path, Path], run: str) -> None:
     two, eight = save_dirs
@@ -68,6 +69,7 @@ def test_peak_memory_does_not_grow_with_the_number_of_iterations(save_dirs: tupl
     assert p8 <= p2 * GROWTH_BOUND, f"{run}: peak {p2 / 1e6:.2f} MB with 2 iterations, {p8 / 1e6:.2f} MB with 8"
 
 
+@pytest.mark.slow
 def test_nothing_a_save_dir_audit_read_stays_in_memory(save_dirs: tuple[Path, Path]) -> None:
     """Three audits of the 8-iteration save dir in a row: what is still allocated afterwards does not grow."""
     _, eight = save_dirs

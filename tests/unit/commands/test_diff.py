@@ -252,6 +252,7 @@ def test_fixture_against_itself_values_identical() -> None:
     assert "identical" in render_text(r)
 
 
+@pytest.mark.slow
 def test_single_flipped_float_is_found(tmp_path: Path) -> None:
     src = FIXTURE_019 / "iter_0000400"
     copy = writable_copy(src, tmp_path / "iter_0000400")
@@ -357,7 +358,7 @@ def dcp_grids(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     yield one / "step-10", two / "step-10"
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_016_and_019_same_model_diff_clean(run_016: Path) -> None:
     r = diff_paths(FIXTURE_019, run_016)
     assert r.tensors.comparable and r.tensors.common == 29
@@ -370,7 +371,7 @@ def test_016_and_019_same_model_diff_clean(run_016: Path) -> None:
     assert "0.19" in str(gen.a) and "0.18" in str(gen.b)
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_two_iterations_of_one_run(run_016: Path) -> None:
     r = diff_paths(run_016 / "iter_0000001", run_016 / "iter_0000002", values=True)
     assert not r.blocking
@@ -381,7 +382,7 @@ def test_two_iterations_of_one_run(run_016: Path) -> None:
     assert {c.what for c in r.tensors.changed} == {What.VALUES}  # trained one more step: values only
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_other_tp_and_vocab_padding_blocks(run_016: Path, run_016_tp1: Path) -> None:
     r = diff_paths(run_016, run_016_tp1)
     assert r.blocking

@@ -87,6 +87,7 @@ def test_valid_values_and_none_pass_without_a_finding() -> None:
     assert arg_text({"tokenizer_type": ["GPT2BPETokenizer"]}, "tokenizer_type") is None  # unhashable: not a str
 
 
+@pytest.mark.slow
 def test_every_sample_checkpoint_has_valid_args() -> None:
     """The table judges what real Megatron-LM / Bridge / NeMo args hold as valid (no CK703 on any sample)."""
     for sample in sorted(p for p in SAMPLES.iterdir() if p.is_dir()):

@@ -62,6 +62,7 @@ def test_samples_stream_without_fallback_and_match_the_reference(path: Path) -> 
     assert s.table.n_chunks > 0 or (not md.tensors and md.objects)  # a flatten_state_dict=False save: objects only
 
 
+@pytest.mark.slow
 def test_every_acceptance_metadata_matches_the_reference(tmp_path: Path) -> None:
     """Every `.metadata` any acceptance case builds (damaged, hostile, truncated, edited with torch)."""
     seen = 0
@@ -122,6 +123,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_synthetic_reads_through_the_fast_paths(synthetic: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = {"chunks": 0, "storage": 0, "plans": 0}
     for name in runs:
@@ -159,6 +161,7 @@ def test_chunk_table_is_columns(synthetic: Path) -> None:
     assert int(t.tensor_start[-1]) == t.n_chunks
 
 
+@pytest.mark.slow
 def test_streamed_generator_equals_pickle_dump_of_torch_objects(tmp_path: Path) -> None:
     """The streamed `.metadata` loads in torch and equals what `pickle.dump` of torch's objects writes."""
     import torch.distributed.checkpoint as dcp
@@ -180,6 +183,7 @@ def test_streamed_generator_equals_pickle_dump_of_torch_objects(tmp_path: Path) 
 SCALE_CHUNKS = int(os.environ.get("CKPTINSPECT_SCALE_CHUNKS", "20000"))
 
 
+@pytest.mark.slow
 def test_streamed_generator_loads_in_torch(tmp_path: Path) -> None:
     """torch's `read_metadata` loads the streamed file and the generator's torch-side validation passes (`--check`:
     torch's own `_validate_global_plan`, storage entries tiling every file, plans matching storage)."""

@@ -105,6 +105,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     return {cid: (d, errors[str(d)]) for cid, d in dirs.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_torch_load_and_audit_agree(case: Case, loaded: dict[str, tuple[Path, str | None]]) -> None:
     path, error = loaded[case.id]

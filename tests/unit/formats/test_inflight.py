@@ -102,7 +102,7 @@ def stopped(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_every_stop_of_the_save_reads_incomplete_and_the_tracked_one_complete(
         stopped: tuple[str, Path, list[Any]]) -> None:
     mode, _, seen = stopped
@@ -130,7 +130,7 @@ def test_every_stop_of_the_save_reads_incomplete_and_the_tracked_one_complete(
     assert final["ls"][IT2]["tracked"] is True and final["audit"]["picked"] == IT2
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_the_new_code_carries_the_age_rule(stopped: tuple[str, Path, list[Any]]) -> None:
     mode, _, seen = stopped
     for (name, at, expect), obs in zip(MODES[mode][1], seen):
@@ -156,7 +156,7 @@ def _ck506(save: Path) -> dict[str, Any]:
     return f
 
 
-@pytest.mark.slow
+@pytest.mark.live
 @pytest.mark.parametrize("stop", [0, 1, 5])
 def test_age_rule_both_sides(stopped: tuple[str, Path, list[Any]], stop: int, tmp_path: Path,
                              monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,7 +191,7 @@ def test_age_rule_both_sides(stopped: tuple[str, Path, list[Any]], stop: int, tm
     assert "the tracker names a later iteration" in later["message"]
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_a_cut_marker_in_the_tracked_iteration_is_corrupt(stopped: tuple[str, Path, list[Any]],
                                                           tmp_path: Path) -> None:
     """The tracker is written after metadata.json: a cut marker in the tracked iteration was whole once."""
@@ -205,7 +205,7 @@ def test_a_cut_marker_in_the_tracked_iteration_is_corrupt(stopped: tuple[str, Pa
     assert "CK104" in {f["code"] for f in doc["findings"]} and "CK131" not in {f["code"] for f in doc["findings"]}
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_an_iteration_dir_pointed_at_directly(stopped: tuple[str, Path, list[Any]], tmp_path: Path) -> None:
     """An empty `iter_{N:07d}` is Megatron's when its parent holds the tracker; moved out of the save dir, or named
     otherwise, it is no checkpoint."""
@@ -257,7 +257,7 @@ def test_cut_json_is_every_proper_prefix_of_a_marker_and_nothing_else() -> None:
 # real stopped states: the next state's file appears between the sniff's check and the read that follows.
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_marker_begun_between_sniff_and_read(stopped: tuple[str, Path, list[Any]], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     mode, root, _ = stopped
@@ -281,7 +281,7 @@ def test_marker_begun_between_sniff_and_read(stopped: tuple[str, Path, list[Any]
     assert a.status.value == "incomplete" and "CK101" in codes and "CK104" not in codes, codes
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_data_file_begun_between_two_checks(stopped: tuple[str, Path, list[Any]], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     mode, root, _ = stopped

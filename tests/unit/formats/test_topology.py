@@ -101,7 +101,7 @@ def etp2_save(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.live
 def test_etp_two_shows_in_the_chunks_of_a_real_save(etp2_save: Path, tmp_path: Path) -> None:
     """The other side: experts that ARE TP-split give ETP 2 from the chunks, with or without the arg."""
     doc = _info(etp2_save)

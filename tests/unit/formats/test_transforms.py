@@ -113,6 +113,7 @@ def test_the_bundled_compressed_sample_is_complete() -> None:
 # --- hostile ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_compressed_byte_item_that_runs_code_under_dcp_load_is_unsafe(tmp_path: Path) -> None:
     ckpt = tmp_path / "c"
     marker = tmp_path / "pwned"

@@ -78,6 +78,7 @@ def test_a_truncated_legacy_layout_file_is_corrupt(resaved: Path, tmp_path: Path
     assert any(f.code == "CK206" and "truncated" in f.message for f in result.findings), result.findings
 
 
+@pytest.mark.slow
 def test_a_payload_in_a_legacy_layout_file_runs_under_torch_load_and_is_unsafe(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     evil = tmp_path / "evil.pt"

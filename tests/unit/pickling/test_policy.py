@@ -319,6 +319,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tupl
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("container", CONTAINERS)
 @pytest.mark.parametrize("name", HOOKS)
 def test_real_loader_runs_it_and_ckptinspect_says_unsafe(name: str, container: str,
@@ -440,6 +441,7 @@ _OPS = st.sampled_from([b")", b"N", b"K\x01", b"}", b"]", b"R", b"b", b"s", b"a"
                         b"2", b"(", b"t", b"u", b"e", b"\x94", b"h\x00"] + [_u(h) for h in ("__setstate__", "x")])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(_NAMES.map(lambda mn: _g(*mn)), _OPS), min_size=1, max_size=30),
        st.sampled_from([b"\x80\x02", b"\x80\x04", b""]))
@@ -488,6 +490,7 @@ def _rebuild_from_type(func: tuple[str, str], new_type: tuple[str, str], inner: 
             + state + b"tR.")
 
 
+@pytest.mark.slow
 def test_rebuild_from_type_still_judges_what_it_calls(tmp_path: Path) -> None:
     """`_rebuild_from_type_v2` runs `func(*args)`: a callee that is not inert is a call (CK604) — torch.load runs it
     (the marker appears) — and the class must be one NEWOBJ may create; only the state is data."""

@@ -452,6 +452,7 @@ _values = st.recursive(_leaves, lambda inner: st.one_of(
     st.builds(lambda v: Reduce(subprocess.Popen, (v,)), inner)), max_leaves=25)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(value=_values, proto=st.integers(0, 5))
 def test_walker_finds_every_global_the_unpickler_resolves(value: Any, proto: int) -> None:
@@ -489,6 +490,7 @@ def test_walker_and_unpickler_never_crash_on_mutated_pickles(value: Any, proto: 
 # --- torch stays out of the process ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_import_and_cli_runs_leave_torch_unimported(tmp_path: Path) -> None:
     if not (SAMPLES / "torch_dist").is_dir():
         pytest.skip("samples not available")

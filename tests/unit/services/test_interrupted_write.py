@@ -107,6 +107,7 @@ def assert_next_write_heals(ckpt: Path, leftover: str) -> None:
     assert megatron_verify(str(ckpt)) == len(listed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trial", range(4))
 def test_a_write_killed_in_its_write_window(tmp_path: Path, trial: int) -> None:
     """Before: the leftover `.integrity.json.<pid>.<hex>.tmp` went unreported, and the next write listed it in
@@ -129,6 +130,7 @@ def test_a_write_killed_in_its_write_window(tmp_path: Path, trial: int) -> None:
     assert_next_write_heals(ckpt, leftover)
 
 
+@pytest.mark.slow
 def test_writes_killed_at_random_moments(tmp_path: Path) -> None:
     """Kills anywhere in the run (listing, hashing, writing): the manifest is always the old one or a whole new one,
     and whatever is left is healed by the next write."""
@@ -164,6 +166,7 @@ def run_slow(ckpt: Path) -> subprocess.Popen[bytes]:
                             env=env(SLOW_FSYNC="0.2"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_a_live_writers_temp_is_left_alone_and_never_listed(tmp_path: Path) -> None:
     """A temp file whose pid is a live process (a concurrent writer) is not removed; no temp is ever listed."""
     ckpt = fresh(tmp_path, "live", True)
