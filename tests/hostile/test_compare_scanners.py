@@ -29,6 +29,7 @@ def cs() -> ModuleType:
     return mod
 
 
+@pytest.mark.slow
 def test_every_hostile_sample_is_live_and_every_benign_one_runs_nothing(cs: ModuleType, tmp_path: Path) -> None:
     hostile = cs.build_hostile(tmp_path / "hostile")
     benign = cs.build_benign(tmp_path / "benign", with_sample_ckpts=False)

@@ -196,6 +196,7 @@ def test_deep_nesting_is_bounded_whatever_opcode_builds_it(builder: str, ckpt: P
     assert docs["audit"]["status"] == "corrupt"
 
 
+@pytest.mark.slow
 def test_billion_laughs_is_bounded(ckpt: Path) -> None:
     # 40 levels, each a list holding the level below twice: 2**40 paths through 40 objects.
     obj: Any = []

@@ -298,6 +298,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Loaded]:
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REAL)
 def test_real_loader_runs_it_and_ckptinspect_says_unsafe(name: str, loaded: dict[str, Loaded],
                                                          tmp_path: Path) -> None:

@@ -123,12 +123,14 @@ def test_a_torchscript_archive_runs_under_torch_load_and_is_ck606(name: str, jud
         assert "torch.jit.load" in msg and "runs its code" in msg
 
 
+@pytest.mark.slow
 def test_the_disguised_data_pkl_alone_is_an_allowed_create_and_fill(judged: dict[str, Judged]) -> None:
     # Nothing but CK606 says anything: the pickles of the archive are inert to a pickle judge.
     for status, findings in (judged["ts:file"].scan, judged["ts:file"].audit):
         assert _codes(findings) == {"CK606"}, findings
 
 
+@pytest.mark.slow
 def test_a_benign_scripted_module_is_still_unsafe(judged: dict[str, Judged]) -> None:
     j = judged["ts:benign"]
     assert j.loader_error is None  # torch.load returns the ScriptModule (through torch.jit.load)
@@ -136,6 +138,7 @@ def test_a_benign_scripted_module_is_still_unsafe(judged: dict[str, Judged]) -> 
         assert status is Status.UNSAFE and "CK606" in _codes(findings), findings
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tar:hostile", "tar:timeit"])
 def test_a_tar_checkpoint_with_a_hostile_pickle_is_unsafe(name: str, judged: dict[str, Judged]) -> None:
     j = judged[name]
@@ -159,6 +162,7 @@ def test_a_benign_tar_written_in_torchs_layout_loads_and_is_judged_like_its_zip(
     assert not _codes(tar.audit[1]) & (UNSAFE_CODES | {"CK602", "CK603"}), tar.audit
 
 
+@pytest.mark.slow
 def test_a_truncated_tar_is_a_clean_corrupt(judged: dict[str, Judged]) -> None:
     j = judged["tar:truncated"]
     assert j.loader_error is not None  # torch.load fails on it too

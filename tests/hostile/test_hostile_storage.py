@@ -75,12 +75,14 @@ def test_the_real_loader_runs_it_and_ckptinspect_says_unsafe(name: str, samples:
     assert a.status is Status.UNSAFE, a.findings
 
 
+@pytest.mark.slow
 def test_a_bytesio_holding_a_hostile_archive_is_unsafe(samples: dict[str, tuple[Path, Path]]) -> None:
     ckpt, _ = samples["bytesio"]
     assert scan_path(ckpt, "s").status is Status.UNSAFE
     assert audit(ckpt).status is Status.UNSAFE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["parent", "absolute"])
 def test_a_storage_path_leaving_the_checkpoint_dir_is_a_finding(where: str,
                                                                 samples: dict[str, tuple[Path, Path]]) -> None:

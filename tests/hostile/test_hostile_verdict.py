@@ -113,6 +113,7 @@ def test_called_globals_that_run_code_are_unsafe_whatever_their_name(kind: str, 
     assert_ckptinspect_unsafe(sample.path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ZIP_VARIANTS)
 def test_zip_member_resolution_every_candidate_is_judged(variant: str, corpus: dict[str, Sample]) -> None:
     sample = corpus[f"zip:{variant}"]
@@ -120,6 +121,7 @@ def test_zip_member_resolution_every_candidate_is_judged(variant: str, corpus: d
     assert_ckptinspect_unsafe(sample.path)
 
 
+@pytest.mark.slow
 def test_danger_is_not_downgraded_by_a_later_parse_failure(tmp_path: Path, marker: Path,
                                                            corpus: dict[str, Sample]) -> None:
     assert corpus["payload:then-garbage"].marker.exists()  # torch runs it, then fails

@@ -144,6 +144,7 @@ def test_synthetic_reads_through_the_fast_paths(synthetic: Path, monkeypatch: py
     assert sum(s.rank_items) == sum(len(t.chunks) for t in ref.tensors) + len(ref.objects)
 
 
+@pytest.mark.slow
 def test_synthetic_without_fast_paths_gives_the_same_table(synthetic: Path) -> None:
     data = (synthetic / ".metadata").read_bytes()
     a = read_dcp_metadata_columns(io.BytesIO(data))
@@ -152,6 +153,7 @@ def test_synthetic_without_fast_paths_gives_the_same_table(synthetic: Path) -> N
     assert a.to_dcp_metadata() == b.to_dcp_metadata()
 
 
+@pytest.mark.slow
 def test_chunk_table_is_columns(synthetic: Path) -> None:
     s = read_dcp_metadata_columns(io.BytesIO((synthetic / ".metadata").read_bytes()))
     t = s.table

@@ -394,6 +394,7 @@ def test_zip_bomb_data_pkl_is_limit_exceeded() -> None:
         read_torch_archive(io.BytesIO(blob))
 
 
+@pytest.mark.slow
 def test_zip_bomb_that_lies_small_is_bounded() -> None:
     # 64 MiB of zeros deflated to ~64 KiB, declared as 1000 bytes: inflation stops at the declared size (CRC error)
     blob = torch_zip(b"placeholder", compress=zipfile.ZIP_DEFLATED)
@@ -464,6 +465,7 @@ def test_walker_finds_every_global_the_unpickler_resolves(value: Any, proto: int
     assert set(rec.seen) <= set(walk.globals)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(value=_values, proto=st.integers(0, 5), cuts=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
                                                               max_size=6), cut=st.integers(0, 10_000))
