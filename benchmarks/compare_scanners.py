@@ -38,7 +38,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_ckpts"
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 from hostile_samples import payload, two_directories, write_zip, zip_entries  # noqa: E402
 
 PEERS = ("picklescan", "modelscan", "fickling")
@@ -236,9 +236,9 @@ def build_hostile(d: Path) -> list[Sample]:
         p.write_bytes(make(m))
         out.append(Sample(name, "hostile", p, ["torch.load", str(p)], m, note))
 
-    # tests/hostile_samples.py's payloads, as raw pickles and as common.pt in a torch zip (class 7)
+    # tests/support/hostile_samples.py's payloads, as raw pickles and as common.pt in a torch zip (class 7)
     for kind in ("os.system", "timeit", "pipepager", "import_module", "then-garbage"):
-        raw(f"raw-{kind}", lambda m, k=kind: payload(m, k), "tests/hostile_samples.payload")
+        raw(f"raw-{kind}", lambda m, k=kind: payload(m, k), "tests/support/hostile_samples.payload")
         pt(f"common.pt-{kind}", lambda m, k=kind: torch_zip(payload(m, k)), "payload as common.pt data.pkl")
     pt("common.pt-two-central-directories", lambda m: _two_dirs(m), "torch (miniz) and zipfile read different data.pkl")
     # class 1: implicit-call hooks; 2: dotted names; 3: nesting; 4: protocol 0/1

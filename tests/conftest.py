@@ -8,6 +8,10 @@ copy it to `tmp_path` first.
 The repo carries its own evidence: a test whose fixture is missing FAILS. The `pytest_runtest_makereport` hook
 below turns any skip whose reason says a file or sample is missing into a failure, so a broken checkout can never
 pass as "N passed, M skipped".
+
+Markers (registered in pyproject.toml): `storage` is set here, on every test that uses an object-storage server
+fixture (`s3_server`, `gcs_server`, `azurite_server`, or a fixture built on one); `slow`, `fuzz` and `live` are set
+on the tests themselves. The fast loop (CONTRIBUTING.md) deselects all four.
 """
 
 from __future__ import annotations
@@ -41,6 +45,17 @@ def fixture_0192() -> Path:
     return FIXTURE_0192
 
 
+# The session fixtures that start a server on 127.0.0.1 (tests/support/s3_server.py, gcs_server.py, azurite_server.py).
+STORAGE_SERVERS = frozenset({"s3_server", "gcs_server", "azurite_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `storage` every test whose fixture closure starts an object-storage server."""
+    for item in items:
+        if STORAGE_SERVERS.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.storage)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -52,7 +67,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.longrepr = f"skipped for a missing fixture, which is a failure here: {reason}"
 
 
-# --- the fuzz suite's summary under pytest-xdist (tests/fuzz_stats.py) ----------------------------------------------
+# --- the fuzz suite's summary under pytest-xdist (tests/support/fuzz_stats.py) ----------------------------------------------
 
 _FUZZ_WORKER_STATS: list[str] = []
 
@@ -78,7 +93,7 @@ def pytest_testnodedown(node: object, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """xdist controller: the fuzz section a serial run prints (tests/test_fuzz.py), from every worker's part."""
+    """xdist controller: the fuzz section a serial run prints (tests/hostile/test_fuzz.py), from every worker's part."""
     if not _FUZZ_WORKER_STATS:
         return
     import os

@@ -32,7 +32,7 @@ Outside CUDA, one determinism tweak (format unchanged):
     byte-identical across rebuilds; Megatron's .metadata may still differ in storage_data
     order, which its writer gathers from 2 writer processes in completion order).
 Nothing else in megatron.core.dist_checkpointing or torch.distributed.checkpoint is patched;
-torch.cuda.is_available() stays False.  Only when CKPTINSPECT_WRITE_GATE is set (tests/test_inflight.py),
+torch.cuda.is_available() stays False.  Only when CKPTINSPECT_WRITE_GATE is set (tests/unit/formats/test_inflight.py),
 tools/_write_gate.py wraps the file opens to sleep or SIGSTOP between writes: timing, not content.
 
 Verify mode only (loading back, never on the save path):
@@ -279,7 +279,7 @@ def worker_entry(rank: int, cfg: dict) -> None:
         torch.set_num_threads(1)
         install_cuda_shims()
         if os.environ.get("CKPTINSPECT_WRITE_GATE"):
-            import _write_gate  # tests/test_inflight.py: slow the save down or stop it at chosen points
+            import _write_gate  # tests/unit/formats/test_inflight.py: slow the save down or stop it at chosen points
 
             _write_gate.install()
         _seed_dcp_uuids(cfg["seed"], rank)

@@ -1,6 +1,6 @@
 """Slow a real save down, or stop it at chosen points, from outside the libraries that write it.
 
-Used by ``tests/test_inflight.py``: a real megatron-core save (``tools/make_sample_ckpts.py``) runs in worker
+Used by ``tests/unit/formats/test_inflight.py``: a real megatron-core save (``tools/make_sample_ckpts.py``) runs in worker
 processes; with ``CKPTINSPECT_WRITE_GATE`` set in their environment, ``tools/_mcore_cpu.worker_entry`` calls
 :func:`install` before anything is written. The gate wraps the Python-level file opens the save goes through —
 ``builtins.open`` (Megatron-Core's ``.distcp`` writer, ``metadata.json``, the tracker), ``io.open`` (torch DCP's

@@ -17,7 +17,7 @@ Python API (importable by path; importing is cheap, torch/megatron load only in 
                     timeout=600) -> str
         # msc=False: Megatron-LM's --disable-msc (plain open() writes, not multistorageclient's
         # atomic .<name>.tmp + rename); CKPTINSPECT_WRITE_GATE in the environment slows or stops
-        # the writes (tools/_write_gate.py, used by tests/test_inflight.py)
+        # the writes (tools/_write_gate.py, used by tests/unit/formats/test_inflight.py)
     verify_checkpoint(out_dir, timeout=600, **same_kwargs)   # Megatron load round trip
     build_samples(root="sample_ckpts", only=None, verify=False) -> {name: seconds}
     padded_vocab_size(vocab_size, make_vocab_size_divisible_by, tp) -> int
