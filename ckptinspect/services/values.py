@@ -113,9 +113,9 @@ class ChunkGeometry:
                 start += sum((int(i) + o) * st for i, o, st in zip(idx, self.lead_offsets, self.lead_strides))
             return np.array([start], dtype=np.int64), np.array([n], dtype=np.int64)
         starts = self.run_starts(q0, q1)
-        first = np.arange(q0, q1, dtype=np.int64) * r
+        first = np.arange(q0, q1, dtype=np.int64) * np.int64(r)
         begin = np.maximum(first, np.int64(p))
-        end = np.minimum(first + r, np.int64(p + n))
+        end = np.minimum(first + np.int64(r), np.int64(p + n))
         out_starts: npt.NDArray[np.int64] = starts + (begin - first)
         out_lengths: npt.NDArray[np.int64] = end - begin
         return out_starts, out_lengths
