@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -235,11 +236,15 @@ def _first(mask: npt.NDArray[np.bool_], to_global: ToGlobal) -> int:
 
 
 def _moments(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]:
-    """(mean, m2) of the finite float array `f` (float32: pairwise sum, then one centred BLAS dot), in float64 when
-    float32 would overflow."""
+    """(mean, m2) of the finite float array `f`: a pairwise sum and one BLAS dot of the values when the mean is
+    small beside the spread (``mean^2 <= E[x^2] / 64``: the subtraction ``Q - S^2/n`` then loses no precision that
+    matters), else a second, centred pass; in float64 when float32 would overflow."""
     n = len(f)
     s = float(np.add.reduce(f))
-    if math.isfinite(s):
+    q = float(np.dot(f, f))
+    if math.isfinite(s) and math.isfinite(q):
+        if s * s / n <= q / 64:
+            return s / n, max(q - s * s / n, 0.0)
         mean = s / n
         d = work[:n]
         np.subtract(f, f.dtype.type(mean), out=d)
@@ -252,8 +257,20 @@ def _moments(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]
     return mean, float(np.dot(d64, d64))
 
 
+def decode_float(codec: Codec, pattern: int) -> float:
+    """The value of one FLOAT bit pattern."""
+    if codec.name == "bfloat16":
+        return float(struct.unpack("<f", struct.pack("<I", pattern << 16))[0])
+    fmt = {16: ("<H", "<e"), 32: ("<I", "<f"), 64: ("<Q", "<d")}[codec.width]
+    return float(struct.unpack(fmt[1], struct.pack(fmt[0], pattern))[0])
+
+
 def float_block(bits: npt.NDArray[Any], codec: Codec, scratch: Scratch, to_global: ToGlobal) -> ValueStats:
-    """Stats of a block of a FLOAT dtype given as its raw bits (an unsigned array of the element width)."""
+    """Stats of a block of a FLOAT dtype given as its raw bits (an unsigned array of the element width).
+
+    min / max come from the bit patterns (sign-magnitude order): the largest pattern read as signed is the largest
+    non-negative value (a NaN or +Inf when it reaches the exponent mask), the largest unsigned pattern the most
+    negative value (-NaN / -Inf likewise), so the common block needs no float min / max and no NaN mask."""
     n = len(bits)
     if codec.name == "bfloat16":
         f: npt.NDArray[Any] = scratch.f32[:n]
@@ -265,13 +282,16 @@ def float_block(bits: npt.NDArray[Any], codec: Codec, scratch: Scratch, to_globa
         f = bits.view(codec.typed)
     # where `_moments` centres the values: not where `f` lives (scratch.f32 holds a widened 16-bit block)
     work: npt.NDArray[Any] = scratch.f64 if codec.width == 64 else scratch.f32 if codec.width == 32 else scratch.f32b
-    mn = float(np.minimum.reduce(f))
-    mx = float(np.maximum.reduce(f))
+    sign = 1 << (codec.width - 1)
+    smax = int(np.maximum.reduce(bits.view(f"<i{codec.itemsize}")))
+    umax = int(np.maximum.reduce(bits))
     a = scratch.narrow[codec.width][:n]
     np.bitwise_and(bits, codec.abs_mask, out=a, casting="unsafe")
     nan = posinf = neginf = 0
     first_nan = first_inf = first_sub = None
-    if not (math.isfinite(mn) and math.isfinite(mx)):
+    mn: float | None = None
+    mx: float | None = None
+    if smax >= codec.exp_mask or umax >= sign | codec.exp_mask:
         nan_mask = a > codec.exp_mask
         inf_mask = a == codec.exp_mask
         nan = int(np.count_nonzero(nan_mask))
@@ -285,6 +305,12 @@ def float_block(bits: npt.NDArray[Any], codec: Codec, scratch: Scratch, to_globa
         f = f[~(nan_mask | inf_mask)]
         if len(f):
             mn, mx = float(np.minimum.reduce(f)), float(np.maximum.reduce(f))
+    else:
+        umin = -1
+        if smax < 0 or umax < sign:  # no non-negative / no negative element: the extreme is the smallest pattern
+            umin = int(np.minimum.reduce(bits))
+        mx = decode_float(codec, smax if smax >= 0 else umin)
+        mn = decode_float(codec, umax if umax >= sign else umin)
     zeros = sub = 0
     if int(np.minimum.reduce(a)) < codec.min_normal:
         zeros = n - int(np.count_nonzero(a))
