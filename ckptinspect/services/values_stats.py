@@ -239,6 +239,11 @@ def _moments(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]
     """(mean, m2) of the finite float array `f`: a pairwise sum and one BLAS dot of the values when the mean is
     small beside the spread (``mean^2 <= E[x^2] / 64``: the subtraction ``Q - S^2/n`` then loses no precision that
     matters), else a second, centred pass; in float64 when float32 would overflow."""
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below and redone in float64
+        return _moments_inner(f, work)
+
+
+def _moments_inner(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]:
     n = len(f)
     s = float(np.add.reduce(f))
     q = float(np.dot(f, f))
@@ -251,10 +256,13 @@ def _moments(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]
         m2 = float(np.dot(d, d))
         if math.isfinite(m2):
             return mean, m2
-    f64 = f.astype(np.float64)
+    # float32 overflowed, or float64 did: scale by a power of two near the largest |x| (exact), then scale back
+    # (an m2 beyond float64's range stays inf: values near 1e308)
+    e = math.frexp(float(np.max(np.abs(f))))[1]
+    f64 = np.ldexp(f.astype(np.float64), -e)
     mean = float(np.add.reduce(f64)) / n
-    d64 = f64 - mean
-    return mean, float(np.dot(d64, d64))
+    f64 -= mean
+    return float(np.ldexp(mean, e)), float(np.ldexp(float(np.dot(f64, f64)), 2 * e))
 
 
 def decode_float(codec: Codec, pattern: int) -> float:
