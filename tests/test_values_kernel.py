@@ -199,6 +199,21 @@ def test_float_extremes_and_signs() -> None:
             check_stats(scan_run(raw(u), name, u.shape), u)
 
 
+@pytest.mark.parametrize("name", FLOATS)
+def test_smallest_magnitude_either_sign(name: str) -> None:
+    """The zero / subnormal test reads the smallest magnitude off the bit patterns: a lone negative or positive
+    subnormal among normals is found, the smallest normal of either sign is not one."""
+    tiny = torch.finfo(tdtype(name)).tiny
+    for lone in (-tiny / 2, tiny / 2, -0.0, 0.0):
+        t = (torch.rand(3000, dtype=torch.float64) + 1).to(tdtype(name))
+        t[1234] = lone
+        check_stats(scan_run(raw(t), name, t.shape), t)
+    t = torch.tensor([tiny, -tiny, 1.0, -2.0] * 100, dtype=torch.float64).to(tdtype(name))
+    r = scan_run(raw(t), name, t.shape)
+    assert r.stats.subnormal == r.stats.zeros == 0
+    check_stats(r, t)
+
+
 def test_all_nan_has_no_moments() -> None:
     t = torch.full((64,), float("nan"))
     r = scan_run(raw(t), "float32", t.shape)

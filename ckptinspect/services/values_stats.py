@@ -291,15 +291,21 @@ def float_block(bits: npt.NDArray[Any], codec: Codec, scratch: Scratch, to_globa
     # where `_moments` centres the values: not where `f` lives (scratch.f32 holds a widened 16-bit block)
     work: npt.NDArray[Any] = scratch.f64 if codec.width == 64 else scratch.f32 if codec.width == 32 else scratch.f32b
     sign = 1 << (codec.width - 1)
-    smax = int(np.maximum.reduce(bits.view(f"<i{codec.itemsize}")))
+    signed = bits.view(f"<i{codec.itemsize}")
+    smax = int(np.maximum.reduce(signed))
     umax = int(np.maximum.reduce(bits))
-    a = scratch.narrow[codec.width][:n]
-    np.bitwise_and(bits, codec.abs_mask, out=a, casting="unsafe")
+    # the smallest magnitude: the smallest non-negative pattern (unsigned min, when below the sign bit) or the
+    # negative pattern nearest to the sign bit (signed min, plus 2^(w-1)): two narrow reductions, no mask
+    umin = int(np.minimum.reduce(bits))
+    smin = int(np.minimum.reduce(signed))
+    least = min(umin if umin < sign else sign, smin + sign if smin < 0 else sign)
     nan = posinf = neginf = 0
     first_nan = first_inf = first_sub = None
     mn: float | None = None
     mx: float | None = None
+    a: npt.NDArray[Any] | None = None
     if smax >= codec.exp_mask or umax >= sign | codec.exp_mask:
+        a = np.bitwise_and(bits, codec.abs_mask, out=scratch.narrow[codec.width][:n], casting="unsafe")
         nan_mask = a > codec.exp_mask
         inf_mask = a == codec.exp_mask
         nan = int(np.count_nonzero(nan_mask))
@@ -314,13 +320,13 @@ def float_block(bits: npt.NDArray[Any], codec: Codec, scratch: Scratch, to_globa
         if len(f):
             mn, mx = float(np.minimum.reduce(f)), float(np.maximum.reduce(f))
     else:
-        umin = -1
-        if smax < 0 or umax < sign:  # no non-negative / no negative element: the extreme is the smallest pattern
-            umin = int(np.minimum.reduce(bits))
+        # no non-negative / no negative element: the extreme is the smallest pattern
         mx = decode_float(codec, smax if smax >= 0 else umin)
         mn = decode_float(codec, umax if umax >= sign else umin)
     zeros = sub = 0
-    if int(np.minimum.reduce(a)) < codec.min_normal:
+    if least < codec.min_normal:
+        if a is None:
+            a = np.bitwise_and(bits, codec.abs_mask, out=scratch.narrow[codec.width][:n], casting="unsafe")
         zeros = n - int(np.count_nonzero(a))
         small = a < codec.min_normal
         sub = int(np.count_nonzero(small)) - zeros
