@@ -227,6 +227,8 @@ class Scratch:
         self.f32 = np.empty(size, dtype=np.float32)
         self.f32b = np.empty(size, dtype=np.float32)
         self.f64 = np.empty(size, dtype=np.float64)
+        self.ones32 = np.ones(size, dtype=np.float32)
+        self.ones64 = np.ones(size, dtype=np.float64)
         self.sym = np.empty(size * 4, dtype=np.float64)  # a block's fingerprint symbols (up to 4 per element)
         self.narrow = {w: np.empty(size, dtype=f"<u{w // 8}") for w in (16, 32, 64)}
 
@@ -235,17 +237,18 @@ def _first(mask: npt.NDArray[np.bool_], to_global: ToGlobal) -> int:
     return to_global(int(np.argmax(mask)))
 
 
-def _moments(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]:
-    """(mean, m2) of the finite float array `f`: a pairwise sum and one BLAS dot of the values when the mean is
+def _moments(f: npt.NDArray[Any], work: npt.NDArray[Any], ones: npt.NDArray[Any]) -> tuple[float, float]:
+    """(mean, m2) of the finite float array `f`: two BLAS dots (with `ones`, of at least ``len(f)`` ones of f's
+    dtype, and with itself; measured on normal data: errors of 1e-9..1e-7 of sum(|x|)) when the mean is
     small beside the spread (``mean^2 <= E[x^2] / 64``: the subtraction ``Q - S^2/n`` then loses no precision that
     matters), else a second, centred pass; in float64 when float32 would overflow."""
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below and redone in float64
-        return _moments_inner(f, work)
+        return _moments_inner(f, work, ones)
 
 
-def _moments_inner(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]:
+def _moments_inner(f: npt.NDArray[Any], work: npt.NDArray[Any], ones: npt.NDArray[Any]) -> tuple[float, float]:
     n = len(f)
-    s = float(np.add.reduce(f))
+    s = float(np.dot(f, ones[:n]))
     q = float(np.dot(f, f))
     if math.isfinite(s) and math.isfinite(q):
         if s * s / n <= q / 64:
@@ -333,7 +336,8 @@ def float_block(bits: npt.NDArray[Any], codec: Codec, scratch: Scratch, to_globa
         if sub:
             first_sub = _first(small & (a != 0), to_global)
     finite = len(f)
-    mean, m2 = _moments(f, work) if finite else (0.0, 0.0)
+    ones = scratch.ones64 if f.dtype == np.float64 else scratch.ones32
+    mean, m2 = _moments(f, work, ones) if finite else (0.0, 0.0)
     return ValueStats(
         count=n, nan=nan, posinf=posinf, neginf=neginf, zeros=zeros, subnormal=sub, finite=finite,
         min=mn if finite else None, max=mx if finite else None, mean=mean, m2=m2,
