@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ckptinspect.services import values  # noqa: E402
 from ckptinspect.services.values import TensorValues, scan_run  # noqa: E402
 from ckptinspect.services.values_stats import CODECS  # noqa: E402
 
@@ -99,9 +100,12 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--data", choices=("normal", "uniform"), default="normal")
+    ap.add_argument("--block", type=int, default=None, help="elements per block (default: values.BLOCK)")
     args = ap.parse_args()
+    if args.block:
+        values.BLOCK = args.block
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; numpy {np.__version__}; "
-          f"{args.mib} MiB per dtype, {args.data} data, best of {args.repeat}")
+          f"block {values.BLOCK} elements; {args.mib} MiB per dtype, {args.data} data, best of {args.repeat}")
     # wall: what the target is about; per CPU-second: the same, independent of neighbours taking the cores
     print(f"{'dtype':<10} {'threads':>7} {'sha256 GB/s':>12} {'values GB/s':>12} {'ratio':>7}"
           f" {'sha256 GB/cpu-s':>13} {'values GB/cpu-s':>13} {'ratio':>7}")
