@@ -8,7 +8,9 @@ alike):
 
 * ``sha256``: hashlib.sha256 over the buffer in 4 MiB pieces; with 2 threads each hashes one half;
 * ``values``: `scan_run` over the same 4 MiB pieces (each piece a run at its global index), results merged; with
-  2 threads each scans one half.
+  2 threads each scans one half, and again with 2 forked processes (``procs``). Processes, because numpy's
+  bundled OpenBLAS runs concurrent dgemm calls one at a time (measured: two threads calling it directly through
+  ctypes, GIL released, are no faster than one), and the fingerprint is a dgemm.
 
 and prints bytes/s (wall, and per CPU-second of the process) and the ratio values / sha256 (the issue's target:
 >= 0.8 on 2 cores). On a shared machine the load average (printed) matters for the wall numbers: run it when it is
@@ -21,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import multiprocessing as mp
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +97,21 @@ def in_threads(n: int, view: memoryview, work: Callable[[memoryview, int], objec
     return out
 
 
+_DATA = b""  # the buffer forked worker processes scan (inherited, not copied: fork)
+
+
+def _proc_values(job: tuple[str, tuple[int, ...], int, int]) -> TensorValues:
+    dtype, shape, a, b = job
+    return values_part(memoryview(_DATA)[a:b], dtype, shape, a // CODECS[dtype].itemsize)
+
+
+def in_processes(pool: Any, n: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> list[TensorValues]:
+    per = -(-nbytes // n // PIECE) * PIECE
+    return list(pool.map(_proc_values, [(dtype, shape, o, min(o + per, nbytes)) for o in range(0, nbytes, per)]))
+
+
 def main() -> None:
+    global _DATA
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--dtypes", default="bfloat16,float32")
@@ -107,34 +125,46 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; numpy {np.__version__}; "
           f"block {values.BLOCK} elements; {args.mib} MiB per dtype, {args.data} data, best of {args.repeat}")
     # wall: what the target is about; per CPU-second: the same, independent of neighbours taking the cores
-    print(f"{'dtype':<10} {'threads':>7} {'sha256 GB/s':>12} {'values GB/s':>12} {'ratio':>7}"
-          f" {'sha256 GB/cpu-s':>13} {'values GB/cpu-s':>13} {'ratio':>7}")
+    # (not measured for worker processes: '-')
+    print(f"{'dtype':<10} {'workers':>9} {'sha256 GB/s':>12} {'values GB/s':>12} {'ratio':>6}"
+          f" {'sha256 GB/cpu-s':>16} {'values GB/cpu-s':>16} {'ratio':>6}")
     for dtype in args.dtypes.split(","):
-        data = make_data(dtype, args.mib * MiB, args.data)
+        data = _DATA = make_data(dtype, args.mib * MiB, args.data)
         view = memoryview(data)
         size = CODECS[dtype].itemsize
         shape = (len(data) // size,)
         for nthreads in (int(t) for t in args.threads.split(",")):
-            best = {"sha256": float("inf"), "values": float("inf")}
-            cpu = {"sha256": float("inf"), "values": float("inf")}
-            for _ in range(args.repeat):
-                t0, c0 = time.perf_counter(), time.process_time()
-                in_threads(nthreads, view, lambda part, off: sha_part(part))
-                best["sha256"] = min(best["sha256"], time.perf_counter() - t0)
-                cpu["sha256"] = min(cpu["sha256"], time.process_time() - c0)
-                t0, c0 = time.perf_counter(), time.process_time()
-                parts = in_threads(nthreads, view, lambda part, off: values_part(part, dtype, shape, off // size))
-                best["values"] = min(best["values"], time.perf_counter() - t0)
-                cpu["values"] = min(cpu["values"], time.process_time() - c0)
-            merged = TensorValues(dtype, shape)
-            for p in parts:
-                assert isinstance(p, TensorValues)
-                merged = merged.merge(p)
-            assert merged.complete, "the scan missed elements"
-            sha, val = len(data) / best["sha256"] / 1e9, len(data) / best["values"] / 1e9
-            csha, cval = len(data) / cpu["sha256"] / 1e9, len(data) / cpu["values"] / 1e9
-            print(f"{dtype:<10} {nthreads:>7} {sha:>12.3f} {val:>12.3f} {val / sha:>7.2f}"
-                  f" {csha:>13.3f} {cval:>13.3f} {cval / csha:>7.2f}", flush=True)
+            modes = ["threads"] + (["procs"] if nthreads > 1 else [])
+            for mode in modes:
+                pool = mp.get_context("fork").Pool(nthreads) if mode == "procs" else None
+                best = {"sha256": float("inf"), "values": float("inf")}
+                cpu = {"sha256": float("inf"), "values": float("inf")}
+                parts: list[Any] = []
+                for _ in range(args.repeat):
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    in_threads(nthreads, view, lambda part, off: sha_part(part))
+                    best["sha256"] = min(best["sha256"], time.perf_counter() - t0)
+                    cpu["sha256"] = min(cpu["sha256"], time.process_time() - c0)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    if pool is None:
+                        parts = in_threads(nthreads, view, lambda part, off: values_part(part, dtype, shape, off // size))
+                    else:
+                        parts = in_processes(pool, nthreads, len(data), dtype, shape)
+                    best["values"] = min(best["values"], time.perf_counter() - t0)
+                    cpu["values"] = min(cpu["values"], time.process_time() - c0)
+                if pool is not None:
+                    pool.close()
+                    pool.join()
+                merged = TensorValues(dtype, shape)
+                for p in parts:
+                    assert isinstance(p, TensorValues)
+                    merged = merged.merge(p)
+                assert merged.complete, "the scan missed elements"
+                sha, val = len(data) / best["sha256"] / 1e9, len(data) / best["values"] / 1e9
+                csha, cval = len(data) / cpu["sha256"] / 1e9, len(data) / cpu["values"] / 1e9
+                cpu_cols = f" {csha:>16.3f} {cval:>16.3f} {cval / csha:>6.2f}" if pool is None else f" {csha:>16.3f} {'-':>16} {'-':>6}"
+                print(f"{dtype:<10} {f'{nthreads} {mode}':>9} {sha:>12.3f} {val:>12.3f} {val / sha:>6.2f}{cpu_cols}",
+                      flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} after")
 
 

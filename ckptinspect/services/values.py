@@ -8,7 +8,10 @@ bytes, chunk by chunk, without torch (docs/contract.md, "Value fingerprint").
 - `TensorValues.merge`: results of disjoint parts (chunks, blocks, files, `--shard` slices) combine in any order.
 
 Buffers are read in blocks of `BLOCK` elements through per-thread scratch (memory bounded whatever the tensor's
-size); numpy releases the GIL in the loops, so several threads scan several buffers in parallel. Bytes are
+size). Scan in parallel with processes, not threads: the fingerprint is a float64 matrix product, and numpy's
+bundled OpenBLAS runs concurrent dgemm calls one at a time (measured: two threads, GIL released, no faster than
+one), while two processes scan at twice the rate of one (benchmarks/bench_values.py). The statistics alone do
+scale with threads (no BLAS call in them: OpenBLAS would also spread a long dot over all cores). Bytes are
 little-endian, as torch writes them. A dtype outside `SUPPORTED` gives a result marked `unsupported`, never an
 error; bad geometry (a chunk outside its tensor, a buffer that is not a whole number of elements) is a
 `ValueError` for the caller to turn into a finding.

@@ -97,21 +97,20 @@ def symbols(bits: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return bits.view("<u2")
 
 
-def _lanes_of_rows(
-    x: npt.NDArray[np.float64], rows: npt.NDArray[np.int64], s: int, plus: npt.NDArray[np.uint64] | None
-) -> Lanes:
-    """Lanes of rows of ``symbol + 1`` values (float64, shape ``(len(rows), 256 s)``, 0 where no element is), or of
-    whole rows of plain symbol values when `plus` holds the row sum of the weights (each symbol's "+ 1")."""
-    b = _B[s]
-    # keep each product at or below OpenBLAS's single-thread bound (m*n*k <= 65536*4): no BLAS threads spawned
-    # under the caller's own
-    step = max(1, (1 << 18) // (ROW * s * LANES))
-    parts = [x[i : i + step] @ b for i in range(0, len(x), step)]
-    sums = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    su = sums.astype(U64)
+# Rows per matrix product: 32768 symbols (256 KiB of float64, stays in a core's L2), and m*n*k = 65536*2, below
+# the bound (65536*4) under which OpenBLAS's gemm runs on the calling thread: BLAS threads under the caller's own
+# would make two scanning threads no faster than one (measured).
+def _step(s: int) -> int:
+    return max(1, (1 << 17) // (ROW * s * LANES))
+
+
+def _lanes_of_sums(sums: npt.NDArray[np.float64], rows: npt.NDArray[np.int64], plus: npt.NDArray[np.uint64] | None) -> Lanes:
+    """Lanes from the row sums ``S`` (float64, exact integers below 2^53; shape ``(len(rows), LANES)``), plus
+    `plus` on every row (the weights' row sum: the "+ 1" of whole rows of plain symbols)."""
+    su = sums.astype(U64)  # exact
     if plus is not None:
         su += plus
-    prods = su * row_weights(rows)  # S < 2^53: the float64 -> uint64 conversion is exact
+    prods = su * row_weights(rows)
     return Lanes(tuple(int(v) for v in np.add.reduce(prods, axis=0)))
 
 
@@ -120,19 +119,26 @@ def block_lanes(
     work: npt.NDArray[np.float64],
 ) -> Lanes:
     """Lanes of a block: `syms` holds the symbols of consecutive local elements, laid out as runs of global indices
-    (starts, lengths) in order. `work` is float64 scratch of at least ``len(syms)`` elements."""
+    (starts, lengths) in order. `work` is float64 scratch of at least 32768 elements."""
     n = len(syms)
     if n == 0:
         return Lanes()
+    b = _B[s]
     if not (np.any(starts & (ROW - 1)) or np.any(lengths & (ROW - 1))):
-        # every run is whole rows: the symbols are the rows, in order
-        x = work[:n]
-        np.copyto(x, syms)  # the "+ 1" of every symbol is added to the row sums: _B_SUM
+        # every run is whole rows: the symbols are the rows, in order; widened to float64 a slice at a time
+        width = ROW * s
+        per = _step(s) * width
+        parts = []
+        for i in range(0, n, per):
+            piece = syms[i : i + per]
+            x = work[: len(piece)]
+            np.copyto(x, piece)  # the "+ 1" of every symbol is added to the row sums: _B_SUM
+            parts.append(x.reshape(-1, width) @ b)
         if len(starts) == 1:
             rows = np.arange(int(starts[0]) >> ROW_BITS, int(starts[0] + lengths[0]) >> ROW_BITS, dtype=np.int64)
         else:
             rows = np.concatenate([np.arange(a >> ROW_BITS, (a + m) >> ROW_BITS) for a, m in zip(starts.tolist(), lengths.tolist())])
-        return _lanes_of_rows(x.reshape(-1, ROW * s), rows, s, _B_SUM[s])
+        return _lanes_of_sums(np.concatenate(parts) if len(parts) > 1 else parts[0], rows, _B_SUM[s])
     # runs off the row grid: place every element at its row and column (a scatter into zero-filled rows)
     idx = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(n // s, dtype=np.int64)
     rows, inv = np.unique(idx >> ROW_BITS, return_inverse=True)
@@ -140,7 +146,9 @@ def block_lanes(
     col = (idx & (ROW - 1)) * s
     for j in range(s):
         m[inv, col + j] = syms[j::s] + 1.0
-    return _lanes_of_rows(m, rows, s, None)
+    step = _step(s)
+    sums = [m[i : i + step] @ b for i in range(0, len(m), step)]
+    return _lanes_of_sums(np.concatenate(sums) if len(sums) > 1 else sums[0], rows, None)
 
 
 def digest(dtype: str, shape: tuple[int, ...], lanes: Lanes) -> str:

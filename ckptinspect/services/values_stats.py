@@ -227,9 +227,7 @@ class Scratch:
         self.f32 = np.empty(size, dtype=np.float32)
         self.f32b = np.empty(size, dtype=np.float32)
         self.f64 = np.empty(size, dtype=np.float64)
-        self.ones32 = np.ones(size, dtype=np.float32)
-        self.ones64 = np.ones(size, dtype=np.float64)
-        self.sym = np.empty(size * 4, dtype=np.float64)  # a block's fingerprint symbols (up to 4 per element)
+        self.sym = np.empty(1 << 16, dtype=np.float64)  # a slice of a block's fingerprint symbols, widened
         self.narrow = {w: np.empty(size, dtype=f"<u{w // 8}") for w in (16, 32, 64)}
 
 
@@ -237,26 +235,32 @@ def _first(mask: npt.NDArray[np.bool_], to_global: ToGlobal) -> int:
     return to_global(int(np.argmax(mask)))
 
 
-def _moments(f: npt.NDArray[Any], work: npt.NDArray[Any], ones: npt.NDArray[Any]) -> tuple[float, float]:
-    """(mean, m2) of the finite float array `f`: two BLAS dots (with `ones`, of at least ``len(f)`` ones of f's
-    dtype, and with itself; measured on normal data: errors of 1e-9..1e-7 of sum(|x|)) when the mean is
+def _sumsq(x: npt.NDArray[Any]) -> float:
+    """Sum of squares without BLAS: OpenBLAS runs a dot of more than 10000 elements on all its threads, so two
+    scanning threads would fight over the cores and the scan would not scale (measured: no gain from 1 to 2
+    threads with `np.dot`); numpy's einsum loop runs on the calling thread."""
+    return float(np.einsum("i,i->", x, x))
+
+
+def _moments(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]:
+    """(mean, m2) of the finite float array `f`: numpy's pairwise sum and a sum of squares when the mean is
     small beside the spread (``mean^2 <= E[x^2] / 64``: the subtraction ``Q - S^2/n`` then loses no precision that
     matters), else a second, centred pass; in float64 when float32 would overflow."""
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below and redone in float64
-        return _moments_inner(f, work, ones)
+        return _moments_inner(f, work)
 
 
-def _moments_inner(f: npt.NDArray[Any], work: npt.NDArray[Any], ones: npt.NDArray[Any]) -> tuple[float, float]:
+def _moments_inner(f: npt.NDArray[Any], work: npt.NDArray[Any]) -> tuple[float, float]:
     n = len(f)
-    s = float(np.dot(f, ones[:n]))
-    q = float(np.dot(f, f))
+    s = float(np.add.reduce(f))
+    q = _sumsq(f)
     if math.isfinite(s) and math.isfinite(q):
         if s * s / n <= q / 64:
             return s / n, max(q - s * s / n, 0.0)
         mean = s / n
         d = work[:n]
         np.subtract(f, f.dtype.type(mean), out=d)
-        m2 = float(np.dot(d, d))
+        m2 = _sumsq(d)
         if math.isfinite(m2):
             return mean, m2
     # float32 overflowed, or float64 did: scale by a power of two near the largest |x| (exact), then scale back
@@ -265,7 +269,7 @@ def _moments_inner(f: npt.NDArray[Any], work: npt.NDArray[Any], ones: npt.NDArra
     f64 = np.ldexp(f.astype(np.float64), -e)
     mean = float(np.add.reduce(f64)) / n
     f64 -= mean
-    return float(np.ldexp(mean, e)), float(np.ldexp(float(np.dot(f64, f64)), 2 * e))
+    return float(np.ldexp(mean, e)), float(np.ldexp(_sumsq(f64), 2 * e))
 
 
 def decode_float(codec: Codec, pattern: int) -> float:
@@ -336,8 +340,7 @@ def float_block(bits: npt.NDArray[Any], codec: Codec, scratch: Scratch, to_globa
         if sub:
             first_sub = _first(small & (a != 0), to_global)
     finite = len(f)
-    ones = scratch.ones64 if f.dtype == np.float64 else scratch.ones32
-    mean, m2 = _moments(f, work, ones) if finite else (0.0, 0.0)
+    mean, m2 = _moments(f, work) if finite else (0.0, 0.0)
     return ValueStats(
         count=n, nan=nan, posinf=posinf, neginf=neginf, zeros=zeros, subnormal=sub, finite=finite,
         min=mn if finite else None, max=mx if finite else None, mean=mean, m2=m2,
@@ -389,5 +392,5 @@ def int_block(bits: npt.NDArray[Any], codec: Codec) -> ValueStats:
     d -= mean
     return ValueStats(
         count=n, zeros=n - int(np.count_nonzero(x)), finite=n, min=int(x.min()), max=int(x.max()),
-        mean=mean, m2=float(np.dot(d, d)),
+        mean=mean, m2=_sumsq(d),
     )
