@@ -369,7 +369,16 @@ def byte_block(b: npt.NDArray[np.uint8], codec: Codec, to_global: ToGlobal) -> V
         return int(counts[mask].sum())
 
     def first(mask: npt.NDArray[np.bool_], k: int) -> int | None:
-        return _first(mask[b], to_global) if k else None
+        if not k:
+            return None
+        # look it up in growing prefixes: a block full of NaNs finds one in its first bytes, not after a gather
+        # of the whole block
+        w = 1024
+        while True:
+            hit = mask[b[:w]]
+            if hit.any() or w >= len(b):
+                return _first(hit, to_global)
+            w *= 16
 
     nan, sub = count(t.nan), count(t.subnormal)
     n_inf = count(t.posinf) + count(t.neginf)
