@@ -11,16 +11,13 @@ import functools
 from typing import TYPE_CHECKING
 
 from ckptinspect.pickling.policy import DICT_MAKERS, SLOT_HOOK_NAMES, STR_MAKERS, Resolved, resolve
-from ckptinspect.pickling.opcodes import _T
+from ckptinspect.pickling.opcodes import T
+from ckptinspect.pickling.callables import REBUILD_FROM_TYPE_KIND, RECONSTRUCT_KIND, THROUGH_CALL_KIND, THROUGH_CLASS_KIND
 from ckptinspect.pickling.walkstate import (
-    _EMPTY,
-    _REBUILD_FROM_TYPE,
-    _RECONSTRUCT,
-    _THROUGH_CALL,
-    _THROUGH_CLASS,
+    EMPTY,
     GlobalRef,
     Stop,
-    _Val,
+    Val,
 )
 
 if TYPE_CHECKING:
@@ -31,23 +28,23 @@ MAX_GLOBAL_NAMES = 10_000  # distinct globals per stream
 # Qualified name recorded for a STACK_GLOBAL whose module/name were not literal strings.
 DYNAMIC_GLOBAL = "<dynamic STACK_GLOBAL>"
 
-_NAMES = _T.names
-_CALL_OPS = {ord("R"): "REDUCE", ord("\x81"): "NEWOBJ", ord("\x92"): "NEWOBJ_EX", ord("b"): "BUILD",
+_NAMES = T.names
+CALL_OPS = {ord("R"): "REDUCE", ord("\x81"): "NEWOBJ", ord("\x92"): "NEWOBJ_EX", ord("b"): "BUILD",
              ord("o"): "OBJ"}
 
 
-def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> bool:
+def judge_call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> bool:
     """Record what a REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / INST / BUILD calls (`consumed` = its operands, the callee
     first; for BUILD the object, then the state). True when the callee is a global whose call runs no code (the
     result then carries only its arguments' taint)."""
-    op = _CALL_OPS.get(code, _NAMES[code])
+    op = CALL_OPS.get(code, _NAMES[code])
     callee, args = consumed[0], consumed[1:]
     if op == "BUILD" and args:
         # A BUILD state may install a hook on the instance that a later opcode calls (`hooked`).
         for q in hooked(args[0]):
             if q not in walk.called:
                 walk.called[q] = f"BUILD at byte {offset} (stored where the unpickler calls it)"
-    if not isinstance(callee, _Val):
+    if not isinstance(callee, Val):
         return False  # a plain value built from inert parts: calling it runs nothing the allowlist did not vet
     v = callee
     if op == "BUILD":
@@ -63,16 +60,16 @@ def _call(walk: PickleWalk, code: int, consumed: list[object], offset: int) -> b
             names, ok = (set() if v.new_ok else {v.qual}), False  # the result stays tainted: an instance
         else:
             names, ok = (set() if v.call_ok else {v.qual}), v.call_ok
-        if v.through == _RECONSTRUCT:
+        if v.through == RECONSTRUCT_KIND:
             names |= _reconstructed(v.qual, op, args)
-        elif v.through == _THROUGH_CLASS:
+        elif v.through == THROUGH_CLASS_KIND:
             names |= _globals_called(op, args)
-        elif v.through == _REBUILD_FROM_TYPE:
+        elif v.through == REBUILD_FROM_TYPE_KIND:
             names |= _rebuilt_from_type(walk, op, args, offset)
         elif v.through:
             for a in args:
-                if isinstance(a, _Val):
-                    names |= a.taint if v.through == _THROUGH_CALL else a.ntaint
+                if isinstance(a, Val):
+                    names |= a.taint if v.through == THROUGH_CALL_KIND else a.ntaint
     for q in names:
         if q not in walk.called:
             walk.called[q] = f"{op} at byte {offset}"
@@ -87,15 +84,15 @@ def hooked(state: object) -> frozenset[str]:
     with `setattr`, which can also change `__class__`. A dict built by DICT / SETITEM(S) had its keys checked as it
     was built (`dict_value`, which records what it stores under a hook name): nothing more here. A state of any other
     make counts whole (fail closed): a dict filled by a constructor from its arguments (`dict(pairs)`), or the result
-    of a call that is not inert. Every other value is marked (`_Val.hook`) where the walker makes it: literals,
+    of a call that is not inert. Every other value is marked (`Val.hook`) where the walker makes it: literals,
     instances made by inert constructors, BUILD and APPEND results are no dict whose items the walker did not see."""
-    if not isinstance(state, _Val):
-        return _EMPTY
+    if not isinstance(state, Val):
+        return EMPTY
     parts = state.parts
     if parts is not None and len(parts) == 2:
         return hooked(parts[0]) | hooked(parts[1])
     if state.hook is not None:
-        return _EMPTY
+        return EMPTY
     return state.taint
 
 
@@ -105,17 +102,17 @@ def _may_name_hook(key: object) -> bool:
     globals (classes, functions) never equal a str."""
     if isinstance(key, str):
         return key in SLOT_HOOK_NAMES
-    return isinstance(key, _Val) and (key.strish or key.qual is None and key.hook is None)
+    return isinstance(key, Val) and (key.strish or key.qual is None and key.hook is None)
 
 
 def makes_str(callee: object) -> bool:
     """True when an inert call of `callee` may return a str computed from its arguments (`policy.STR_MAKERS`)."""
-    return isinstance(callee, _Val) and callee.qual in STR_MAKERS
+    return isinstance(callee, Val) and callee.qual in STR_MAKERS
 
 
 def makes_dict(callee: object) -> bool:
     """True when an inert call of `callee` may return a dict filled from its arguments (`policy.DICT_MAKERS`)."""
-    return isinstance(callee, _Val) and callee.qual in DICT_MAKERS
+    return isinstance(callee, Val) and callee.qual in DICT_MAKERS
 
 
 def dict_value(walk: PickleWalk, container: object, pairs: list[object], built: object, offset: int) -> object:
@@ -126,15 +123,15 @@ def dict_value(walk: PickleWalk, container: object, pairs: list[object], built: 
     BUILD. `built` is marked a checked dict when the container was one (or a new dict)."""
     for i in range(0, len(pairs) - 1, 2):
         k, value = pairs[i], pairs[i + 1]
-        if isinstance(value, _Val) and value.taint and _may_name_hook(k):
+        if isinstance(value, Val) and value.taint and _may_name_hook(k):
             for q in value.taint:
                 if q not in walk.called:
                     op = "SETITEM" if container is not None else "DICT"
                     under = repr(k) if isinstance(k, str) else "a key computed by the pickle"
                     walk.called[q] = f"{op} at byte {offset} (stored under {under}, a name the unpickler calls)"
-    if isinstance(built, _Val):
-        checked = container is None or not isinstance(container, _Val) or container.hook is not None
-        built.hook = _EMPTY if checked else None
+    if isinstance(built, Val):
+        checked = container is None or not isinstance(container, Val) or container.hook is not None
+        built.hook = EMPTY if checked else None
     return built
 
 
@@ -144,12 +141,12 @@ def _globals_called(op: str, args: list[object]) -> set[str]:
     operands (OBJ / INST) or the one argument tuple (REDUCE); a tuple whose items the walk did not keep counts whole."""
     if op == "REDUCE":
         packed = args[0] if args else None
-        if not isinstance(packed, _Val):
+        if not isinstance(packed, Val):
             return set()  # plain values only
         if packed.parts is None:
             return {*packed.taint}
         args = list(packed.parts)
-    return {a.qual for a in args if isinstance(a, _Val) and a.qual is not None and not a.call_ok}
+    return {a.qual for a in args if isinstance(a, Val) and a.qual is not None and not a.call_ok}
 
 
 def _rebuilt_from_type(walk: PickleWalk, op: str, args: list[object], offset: int) -> set[str]:
@@ -160,18 +157,18 @@ def _rebuilt_from_type(walk: PickleWalk, op: str, args: list[object], offset: in
     `THROUGH_CALL` call's do (fail closed)."""
     if op == "REDUCE":
         packed = args[0] if args else None
-        if not isinstance(packed, _Val):
+        if not isinstance(packed, Val):
             return set()  # plain values only: the real call fails on them, running nothing
         if packed.parts is None or len(packed.parts) != 4:
             return {*packed.taint}
         args = list(packed.parts)
     if len(args) != 4:
-        return {q for a in args if isinstance(a, _Val) for q in a.taint}
+        return {q for a in args if isinstance(a, Val) for q in a.taint}
     func, new_type, inner, state = args
-    if isinstance(func, _Val):
-        _call(walk, ord("R"), [func, inner], offset)
+    if isinstance(func, Val):
+        judge_call(walk, ord("R"), [func, inner], offset)
     names: set[str] = set()
-    if isinstance(new_type, _Val):
+    if isinstance(new_type, Val):
         names |= set(new_type.ntaint) if new_type.qual is None else set() if new_type.new_ok else {new_type.qual}
     return names | hooked(state)
 
@@ -185,38 +182,38 @@ def _reconstructed(qual: str, op: str, args: list[object]) -> set[str]:
     names: set[str] = set()
     if op == "REDUCE":
         packed = args[0] if args else None
-        if not isinstance(packed, _Val):
+        if not isinstance(packed, Val):
             return names  # a tuple of plain values: no class in it
         if packed.parts is None:
             return {qual, *packed.taint, *packed.ntaint}  # globals in positions the walk did not keep
         args = list(packed.parts)
-    if args and isinstance(args[0], _Val):
+    if args and isinstance(args[0], Val):
         cls = args[0]
         names |= cls.ntaint if cls.qual is None else set() if cls.new_ok else {cls.qual}
-    if len(args) > 1 and isinstance(args[1], _Val):
+    if len(args) > 1 and isinstance(args[1], Val):
         base = args[1]
         names |= base.taint if base.qual is None else set() if base.init_ok else {base.qual}
     return names
 
 
-def _record(walk: PickleWalk, module: str, name: str, opcode: str, offset: int) -> _Val:
+def record(walk: PickleWalk, module: str, name: str, opcode: str, offset: int) -> Val:
     """Record a global reference; return its stack value. Judged by `policy.resolve`, under every protocol (a Python 2
     spelling as mapped and as written), so the protocol the pickle announced does not enter."""
     r = resolve(module, name)
-    _add(walk, GlobalRef(module, name, opcode, offset, r.verdict))
+    add_ref(walk, GlobalRef(module, name, opcode, offset, r.verdict))
     if len(walk._seen) > MAX_GLOBAL_NAMES:
         raise Stop(f"more than {MAX_GLOBAL_NAMES} distinct globals", offset, limit=True)
     return _value(r)
 
 
 @functools.lru_cache(maxsize=4096)
-def _value(r: Resolved) -> _Val:
+def _value(r: Resolved) -> Val:
     me = frozenset({r.qual})
-    return _Val(r.qual, _EMPTY if r.call_ok else me, _EMPTY if r.new_ok else me, 0, r.call_ok, r.new_ok, r.through,
+    return Val(r.qual, EMPTY if r.call_ok else me, EMPTY if r.new_ok else me, 0, r.call_ok, r.new_ok, r.through,
                 r.init_ok)
 
 
-def _add(walk: PickleWalk, ref: GlobalRef) -> None:
+def add_ref(walk: PickleWalk, ref: GlobalRef) -> None:
     key = (ref.module, ref.name, ref.verdict)
     if key not in walk._seen:
         walk._seen.add(key)

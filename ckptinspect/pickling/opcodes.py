@@ -10,7 +10,7 @@ import pickletools
 from dataclasses import dataclass
 
 # Argument kinds: how the bytes after the opcode are laid out.
-_A_INVALID, _A_NONE, _A_FIXED, _A_LEN, _A_LINE, _A_LINE2 = -1, 0, 1, 2, 3, 4
+A_INVALID, A_NONE, A_FIXED, A_LEN, _A_LINE, A_LINE2 = -1, 0, 1, 2, 3, 4
 _FIXED_SIZES = {"uint1": 1, "uint2": 2, "int4": 4, "uint4": 4, "uint8": 8, "float8": 8}
 # length-prefixed arguments: (header bytes, signed header)
 _LEN_KINDS = {
@@ -22,14 +22,14 @@ _LEN_KINDS = {
 _LINE_KINDS = {"decimalnl_short", "decimalnl_long", "floatnl", "stringnl", "stringnl_noescape", "unicodestringnl"}
 
 # Actions: what an opcode does to the walker's model. GENERIC = pops/pushes untracked values (from pickletools).
-(_GENERIC, _STR, _MARK, _PUT, _MEMOIZE, _GET, _DUP, _GLOBAL, _INST, _STACK_GLOBAL, _EXT, _PROTO, _FRAME, _POP,
- _STOP) = range(15)
+(ACT_GENERIC, STR, ACT_MARK, ACT_PUT, ACT_MEMOIZE, ACT_GET, ACT_DUP, ACT_GLOBAL, ACT_INST, ACT_STACK_GLOBAL, ACT_EXT, ACT_PROTO, ACT_FRAME, ACT_POP,
+ ACT_STOP) = range(15)
 _SPECIAL = {
-    "STRING": _STR, "BINSTRING": _STR, "SHORT_BINSTRING": _STR, "UNICODE": _STR, "SHORT_BINUNICODE": _STR,
-    "BINUNICODE": _STR, "BINUNICODE8": _STR, "MARK": _MARK, "PUT": _PUT, "BINPUT": _PUT, "LONG_BINPUT": _PUT,
-    "MEMOIZE": _MEMOIZE, "GET": _GET, "BINGET": _GET, "LONG_BINGET": _GET, "DUP": _DUP, "GLOBAL": _GLOBAL,
-    "INST": _INST, "STACK_GLOBAL": _STACK_GLOBAL, "EXT1": _EXT, "EXT2": _EXT, "EXT4": _EXT, "PROTO": _PROTO,
-    "FRAME": _FRAME, "POP": _POP, "STOP": _STOP,
+    "STRING": STR, "BINSTRING": STR, "SHORT_BINSTRING": STR, "UNICODE": STR, "SHORT_BINUNICODE": STR,
+    "BINUNICODE": STR, "BINUNICODE8": STR, "MARK": ACT_MARK, "PUT": ACT_PUT, "BINPUT": ACT_PUT, "LONG_BINPUT": ACT_PUT,
+    "MEMOIZE": ACT_MEMOIZE, "GET": ACT_GET, "BINGET": ACT_GET, "LONG_BINGET": ACT_GET, "DUP": ACT_DUP, "GLOBAL": ACT_GLOBAL,
+    "INST": ACT_INST, "STACK_GLOBAL": ACT_STACK_GLOBAL, "EXT1": ACT_EXT, "EXT2": ACT_EXT, "EXT4": ACT_EXT, "PROTO": ACT_PROTO,
+    "FRAME": ACT_FRAME, "POP": ACT_POP, "STOP": ACT_STOP,
 }
 
 
@@ -48,26 +48,26 @@ class _Tables:
 
 
 def _build_tables() -> _Tables:
-    t = _Tables(["?"] * 256, [_A_INVALID] * 256, [0] * 256, [False] * 256, [_GENERIC] * 256, [False] * 256,
+    t = _Tables(["?"] * 256, [A_INVALID] * 256, [0] * 256, [False] * 256, [ACT_GENERIC] * 256, [False] * 256,
                 [0] * 256, [0] * 256)
     for op in pickletools.opcodes:
         i = ord(op.code.encode("latin-1"))
         t.names[i] = op.name
         arg = op.arg
         if arg is None:
-            t.argk[i] = _A_NONE
+            t.argk[i] = A_NONE
         elif arg.name in _FIXED_SIZES:
-            t.argk[i], t.asize[i] = _A_FIXED, _FIXED_SIZES[arg.name]
+            t.argk[i], t.asize[i] = A_FIXED, _FIXED_SIZES[arg.name]
         elif arg.name in _LEN_KINDS:
-            t.argk[i] = _A_LEN
+            t.argk[i] = A_LEN
             t.asize[i], t.asigned[i] = _LEN_KINDS[arg.name]
         elif arg.name in _LINE_KINDS:
             t.argk[i] = _A_LINE
         elif arg.name == "stringnl_noescape_pair":
-            t.argk[i] = _A_LINE2
+            t.argk[i] = A_LINE2
         else:  # pragma: no cover - a future pickletools argument type
             raise RuntimeError(f"unknown pickletools argument type {arg.name}")
-        t.act[i] = _SPECIAL.get(op.name, _GENERIC)
+        t.act[i] = _SPECIAL.get(op.name, ACT_GENERIC)
         before = op.stack_before
         t.mark[i] = pickletools.markobject in before
         if t.mark[i]:
@@ -78,8 +78,8 @@ def _build_tables() -> _Tables:
     return t
 
 
-_T = _build_tables()
-VALID_OPCODES = frozenset(i for i in range(256) if _T.argk[i] != _A_INVALID)
+T = _build_tables()
+VALID_OPCODES = frozenset(i for i in range(256) if T.argk[i] != A_INVALID)
 HIGHEST_PROTOCOL = 5
-_PROTO_BYTE, _STOP_BYTE = 0x80, ord(".")
-_TEXT_MEMO = frozenset({ord("p"), ord("g")})  # PUT / GET carry their index as a decimal line
+PROTO_BYTE, STOP_BYTE = 0x80, ord(".")
+TEXT_MEMO = frozenset({ord("p"), ord("g")})  # PUT / GET carry their index as a decimal line

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from ckptinspect.pickling.allowlist import GlobalClass
 
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python (mutable); builtin types are not
+HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python (mutable); builtin types are not
 
 
 class FrozenClass(type):
@@ -26,7 +26,7 @@ class FrozenClass(type):
         raise AttributeError(f"stand-in class {cls.__name__} is immutable")
 
 
-def _frozen(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> Any:
+def frozen_class(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> Any:
     return FrozenClass(name, bases, namespace)
 
 

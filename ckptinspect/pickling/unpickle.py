@@ -33,14 +33,14 @@ from ckptinspect.pickling.allowlist import (
 from ckptinspect.pickling.policy import resolve
 from ckptinspect.pickling.report import PickleReport as PickleReport
 from ckptinspect.pickling.standins import (
-    _HEAPTYPE,
+    HEAPTYPE,
     CRec as CRec,
     FrozenCall,
     Obj as Obj,
     Opaque as Opaque,
     Rec as Rec,
     StatefulObj as StatefulObj,
-    _frozen,
+    frozen_class,
 )
 
 # Resource bounds. A pickle that exceeds them is reported (CK603), never followed to an out-of-memory kill.
@@ -128,12 +128,12 @@ class SafeUnpickler(pickle.Unpickler):
         """The stand-in of an allowed function, made for this load only: a C type that cannot be changed (`tuple`,
         `int`, ...) as is, a Python class as a frozen subclass, a Python function behind a frozen wrapper. BUILD on
         what `find_class` returned must not change the reader for later loads (nor this one)."""
-        if isinstance(fn, type) and not (fn.__flags__ & _HEAPTYPE):
+        if isinstance(fn, type) and not (fn.__flags__ & HEAPTYPE):
             return fn
         key = f"{module}.{name}"
         made = self._builders.get(key)
         if made is None:
-            made = _frozen(name, (fn,), {}) if isinstance(fn, type) else FrozenCall(fn)
+            made = frozen_class(name, (fn,), {}) if isinstance(fn, type) else FrozenCall(fn)
             self._builders[key] = made
         return made
 
@@ -142,9 +142,9 @@ class SafeUnpickler(pickle.Unpickler):
         if cls is None:
             fields = self.records.compact.get(qual)
             if fields is not None:
-                cls = _frozen(qual.rsplit(".", 1)[-1], (CRec,), {"qualname": qual, "fields": fields})
+                cls = frozen_class(qual.rsplit(".", 1)[-1], (CRec,), {"qualname": qual, "fields": fields})
             else:
-                cls = _frozen(qual.rsplit(".", 1)[-1], (Rec,), {"qualname": qual})
+                cls = frozen_class(qual.rsplit(".", 1)[-1], (Rec,), {"qualname": qual})
             self._recs[qual] = cls
             if self._in_plans and qual in self.records.discard:
                 self._discard(cls, qual)
@@ -155,7 +155,7 @@ class SafeUnpickler(pickle.Unpickler):
         # state (C). The plan lists still hold one reference per item, so per-rank counts stay exact.
         setstate = self.records.discard[qual]
         type.__setattr__(cls, "__setstate__", setstate)
-        shared = _frozen(cls.__name__, (Rec,), {"qualname": qual, "__setstate__": setstate})
+        shared = frozen_class(cls.__name__, (Rec,), {"qualname": qual, "__setstate__": setstate})
         self._shared[cls] = shared()
         type.__setattr__(cls, "__new__", staticmethod(self._shared.get))
 
@@ -172,7 +172,7 @@ class SafeUnpickler(pickle.Unpickler):
     def _stub(self, qual: str, base: type[Obj]) -> type[Obj]:
         cls = self._classes.get(qual)
         if cls is None:
-            cls = _frozen(qual.rsplit(".", 1)[-1], (base,), {"qualname": qual})
+            cls = frozen_class(qual.rsplit(".", 1)[-1], (base,), {"qualname": qual})
             self._classes[qual] = cls
         return cls
 

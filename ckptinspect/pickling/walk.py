@@ -38,7 +38,7 @@ from ckptinspect.pickling.engine import (
 )
 from ckptinspect.pickling.walkstate import GlobalRef as GlobalRef, Source, Stop
 from ckptinspect.pickling.report import VERDICT_RANK
-from ckptinspect.pickling.opcodes import HIGHEST_PROTOCOL, VALID_OPCODES, _PROTO_BYTE, _STOP_BYTE
+from ckptinspect.pickling.opcodes import HIGHEST_PROTOCOL, VALID_OPCODES, PROTO_BYTE, STOP_BYTE
 
 MAX_OPS = 50_000_000  # opcodes per pickle stream (all concatenated pickles together)
 # Pickles back to back that any loader unpickles from one stream: torch's legacy (non-zip) loader reads five (magic
@@ -123,9 +123,9 @@ def is_pickle_start(head: bytes) -> bool:
     """Whether `head` can start a pickle: a PROTO 0–5 header, or a valid protocol-0/1 opcode other than STOP."""
     if not head:
         return False
-    if head[0] == _PROTO_BYTE:
+    if head[0] == PROTO_BYTE:
         return len(head) < 2 or head[1] <= HIGHEST_PROTOCOL
-    return head[0] in VALID_OPCODES and head[0] != _STOP_BYTE
+    return head[0] in VALID_OPCODES and head[0] != STOP_BYTE
 
 
 # --- the walker ---------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The walker's model of values and input: stack values (`_Val`, plain depth ints), the byte source (`Source`:
+"""The walker's model of values and input: stack values (`Val`, plain depth ints), the byte source (`Source`:
 a buffer, or a stream read in windows), the `Stop` signal, `GlobalRef`, and the decoding of opcode arguments (string
 and memo-index arguments, length claims). Used by `engine.py` and `judge.py` only.
 """
@@ -10,13 +10,6 @@ from dataclasses import dataclass
 from typing import IO
 
 from ckptinspect.pickling.allowlist import GlobalClass
-from ckptinspect.pickling.callables import (
-    REBUILD_FROM_TYPE_KIND,
-    RECONSTRUCT_KIND,
-    THROUGH_CALL_KIND,
-    THROUGH_CLASS_KIND,
-    THROUGH_NEW_KIND,
-)
 
 MAX_LINE = 1 << 20  # protocol-0 argument lines
 WINDOW = 8 << 20  # stream read size
@@ -38,7 +31,7 @@ class GlobalRef:
         return f"{self.module}.{self.name}" if self.module else self.name
 
 
-class _Val:
+class Val:
     """A tracked non-string stack value: a global, or a value built from globals that may not be called."""
 
     __slots__ = ("qual", "call_ok", "new_ok", "init_ok", "through", "taint", "ntaint", "depth", "parts", "hook",
@@ -67,32 +60,30 @@ class _Val:
         self.strish = False
 
 
-_THROUGH_CALL, _THROUGH_NEW, _RECONSTRUCT, _THROUGH_CLASS, _REBUILD_FROM_TYPE = (
-    THROUGH_CALL_KIND, THROUGH_NEW_KIND, RECONSTRUCT_KIND, THROUGH_CLASS_KIND, REBUILD_FROM_TYPE_KIND)
 
 
-_EMPTY: frozenset[str] = frozenset()
+EMPTY: frozenset[str] = frozenset()
 
 
-def _depth(v: object) -> int:
+def depth_of(v: object) -> int:
     if isinstance(v, int):
         return v
-    if isinstance(v, _Val):
+    if isinstance(v, Val):
         return v.depth
     return 0
 
 
-def _combine(values: list[object], extra: int = 1) -> object:
+def combine(values: list[object], extra: int = 1) -> object:
     """The value built from `values`: depth 1 + the deepest, the union of their taints."""
     depth = 0
-    taint: frozenset[str] = _EMPTY
-    ntaint: frozenset[str] = _EMPTY
+    taint: frozenset[str] = EMPTY
+    ntaint: frozenset[str] = EMPTY
     for v in values:
         c = v.__class__
         if c is int:
             if v > depth:  # type: ignore[operator]
                 depth = v  # type: ignore[assignment]
-        elif c is _Val:
+        elif c is Val:
             if v.depth > depth:  # type: ignore[attr-defined]
                 depth = v.depth  # type: ignore[attr-defined]
             if v.taint:  # type: ignore[attr-defined]
@@ -100,16 +91,16 @@ def _combine(values: list[object], extra: int = 1) -> object:
                 if v.ntaint:  # type: ignore[attr-defined]
                     ntaint = ntaint | v.ntaint  # type: ignore[attr-defined]
     depth += extra
-    return _Val(None, taint, ntaint, depth) if taint else depth
+    return Val(None, taint, ntaint, depth) if taint else depth
 
 
-def _tuple_of(items: list[object]) -> _Val:
-    """The value of a small tuple that holds a global: as `_combine`, with its items kept."""
-    v = _combine(items)
-    if isinstance(v, _Val):
+def tuple_of(items: list[object]) -> Val:
+    """The value of a small tuple that holds a global: as `combine`, with its items kept."""
+    v = combine(items)
+    if isinstance(v, Val):
         v.parts = tuple(items)
         return v
-    return _Val(None, _EMPTY, _EMPTY, _depth(v), parts=tuple(items))
+    return Val(None, EMPTY, EMPTY, depth_of(v), parts=tuple(items))
 
 
 class Stop(Exception):
@@ -185,7 +176,7 @@ class Source:
 # --- opcode arguments -------------------------------------------------------------------------------------------------
 
 
-def _length_claim(name: str, offset: int, claimed: int, remaining: int, total: int) -> Stop:
+def length_claim(name: str, offset: int, claimed: int, remaining: int, total: int) -> Stop:
     """A length field pointing past the data: a resource-bound violation when the claim is absurd for the stream
     (beyond 4 GiB or 16× the whole pickle), otherwise plain truncation."""
     if claimed > (1 << 32) or claimed > 16 * total:
@@ -194,7 +185,7 @@ def _length_claim(name: str, offset: int, claimed: int, remaining: int, total: i
     return Stop(f"truncated: {name} at byte {offset} claims {claimed} bytes, only {remaining} remain", offset)
 
 
-def _text_index(arg: bytes, offset: int) -> int:
+def text_index(arg: bytes, offset: int) -> int:
     """The memo index of a protocol-0 PUT / GET (a decimal line)."""
     text = arg.decode("ascii", "replace").strip()
     if not text.isdigit() or len(text) > 12:
@@ -205,7 +196,7 @@ def _text_index(arg: bytes, offset: int) -> int:
 _S, _V, _T_OP, _U = ord("S"), ord("V"), ord("T"), ord("U")
 
 
-def _decode_str(code: int, raw: bytes | None) -> object:
+def decode_str(code: int, raw: bytes | None) -> object:
     """The str a string opcode pushes (as the unpickler decodes it), 0 (an untracked scalar) when too long /
     undecodable, None for a protocol-0 STRING that is not quoted (the unpickler rejects it)."""
     if raw is None:
@@ -227,7 +218,7 @@ def _decode_str(code: int, raw: bytes | None) -> object:
     return value if len(value) <= MAX_TRACKED_STR else 0
 
 
-def _line_pair(arg: bytes | None, name: str, offset: int) -> tuple[str, str]:
+def line_pair(arg: bytes | None, name: str, offset: int) -> tuple[str, str]:
     if arg is None or b"\n" not in arg:
         raise Stop(f"{name} at byte {offset} lacks module/name lines", offset)
     module_b, name_b = arg.split(b"\n", 1)

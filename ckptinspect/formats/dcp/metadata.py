@@ -22,7 +22,7 @@ from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 _SHARD_KEY = re.compile(r"^(?P<family>.*)/shard_(?P<offset>-?\d+(?:\.-?\d+)*)_(?P<shape>-?\d+(?:\.-?\d+)*)$")
 
 # Attributes of torch's Metadata (torch 2.13) and the ones Megatron adds; anything else is noted as unknown.
-_KNOWN_ATTRS = frozenset(
+KNOWN_ATTRS = frozenset(
     {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version", "all_local_plans", "mcore_data"}
 )
 
@@ -224,7 +224,7 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
     meta = _state(state.get("storage_meta"))
     checkpoint_id = str(meta["checkpoint_id"]) if meta and meta.get("checkpoint_id") else None
     version = state.get("version")
-    unknown = tuple(sorted(k for k in state if k not in _KNOWN_ATTRS and not str(k).startswith("_")))
+    unknown = tuple(sorted(k for k in state if k not in KNOWN_ATTRS and not str(k).startswith("_")))
     seen = {t.key for t in tensors} | {o.key for o in objects}
     orphans = sum(1 for fqn, _ in storage if fqn not in seen)
     return DcpMetadata(

@@ -23,13 +23,13 @@ from typing import IO, Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.formats.dcp.names import TSM
-from ckptinspect.formats.dcp.vm_eval import _UNSET, LOW_MEMO, CountList, Fallback, Inst, Sink
+from ckptinspect.formats.dcp.vm_eval import UNSET, LOW_MEMO, CountList, Fallback, Inst, Sink
 from ckptinspect.formats.dcp.vm_fast import install_fast_paths
 from ckptinspect.formats.dcp.table import build_table
 from ckptinspect.formats.dcp.vm_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
 from ckptinspect.formats.dcp.metadata import (
-    _KNOWN_ATTRS,
+    KNOWN_ATTRS,
     MAX_COORD,
     MAX_DIMS,
     DcpMetadata,
@@ -135,7 +135,7 @@ def _state(o: Any) -> dict[Any, Any] | None:
     if o.__class__ is not Inst:
         return None
     st = o.state
-    if st is _UNSET:
+    if st is UNSET:
         return {}
     return st if type(st) is dict else None
 
@@ -198,7 +198,7 @@ def _finish(root: Any, w: Walker) -> DcpMetadata:
     version = state.get("version")
     if version is not None and type(version) not in (str, int, float):
         raise Fallback("version")
-    unknown = tuple(sorted(k for k in state if k not in _KNOWN_ATTRS and not str(k).startswith("_")))
+    unknown = tuple(sorted(k for k in state if k not in KNOWN_ATTRS and not str(k).startswith("_")))
     if any(type(k) is not str for k in unknown):
         raise Fallback("root attribute names")
     return DcpMetadata(

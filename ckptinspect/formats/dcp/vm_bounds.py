@@ -22,7 +22,7 @@ from ckptinspect.formats.dcp.vm_eval import MAX_STACK, OPAQUE, Fallback, Rows, S
 
 if TYPE_CHECKING:
     from ckptinspect.formats.dcp.vm_ctx import Ctx
-    from ckptinspect.formats.dcp.vm_patterns import _Pattern
+    from ckptinspect.formats.dcp.vm_patterns import Pattern
 
 
 class Bound:
@@ -40,7 +40,7 @@ class Bound:
         self.size_marked = False
 
 
-def read_bounds(ctx: Ctx, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str, Any], col: list[bytes],
+def read_bounds(ctx: Ctx, pat: Pattern, rec: re.Pattern[bytes], want: dict[str, Any], col: list[bytes],
                 n0: int) -> dict[int, Bound | None]:
     """The boundaries of a run's rows (the few with a non-empty boundary group), checked before anything changes:
     every GET names a slot filled before the run that holds what `want` says (checked once per distinct GET), a
@@ -73,7 +73,7 @@ def read_bounds(ctx: Ctx, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str,
     return out
 
 
-def _fields(pat: _Pattern, m: re.Match[bytes], b: Bound) -> Bound | None:
+def _fields(pat: Pattern, m: re.Match[bytes], b: Bound) -> Bound | None:
     from ckptinspect.formats.dcp import vm_batch as B
 
     if "tsm" in pat.index:

@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ckptinspect.formats.dcp.vm_eval import OPAQUE, Global
-from ckptinspect.formats.dcp.vm_patterns import _ANY_CLASS, _ANY_KEY, _ANY_VALUE, _Pattern
+from ckptinspect.formats.dcp.vm_patterns import ANY_CLASS, ANY_KEY, ANY_VALUE, Pattern
 
 if TYPE_CHECKING:
     from ckptinspect.formats.dcp.vm_walk import Walker
@@ -47,8 +47,8 @@ class Ctx:
             self.bound_good.clear()
             self.version = self.w.memo.version
 
-    def learn(self, pat: _Pattern, rec: re.Pattern[bytes], want: dict[str, Any], buf: bytes, pos: int) -> bool:
-        """Specialise `pat` to the record at `pos` (see `_Pattern.specialize`): its GETs that are not `vary` must
+    def learn(self, pat: Pattern, rec: re.Pattern[bytes], want: dict[str, Any], buf: bytes, pos: int) -> bool:
+        """Specialise `pat` to the record at `pos` (see `Pattern.specialize`): its GETs that are not `vary` must
         hold what the loop needs (as `gets_ok` checks them) and name slots filled before it. False when there is
         no such record here (the loop reads on)."""
         from ckptinspect.formats.dcp import vm_batch as B
@@ -74,7 +74,7 @@ class Ctx:
             self.special[id(pat)] = pat.specialize(lits)
         return True
 
-    def gets_ok(self, cols: list[Any], at: dict[int, int], pat: _Pattern, want: dict[str, Any], base: Any,
+    def gets_ok(self, cols: list[Any], at: dict[int, int], pat: Pattern, want: dict[str, Any], base: Any,
                 n0: int, own: frozenset[str] = frozenset()) -> Any:
         """Per record: every GET names a slot filled before the record (`base`: its first memo slot); the named
         ones a slot filled before the run (`n0`) that holds what the loop needs there: a `Global` of that name
@@ -125,13 +125,13 @@ class Ctx:
             if len(raw) == 5 and int.from_bytes(raw[1:], "little") >= lim:
                 return False
             v = self.value(raw)
-            if expect is _ANY_CLASS:
+            if expect is ANY_CLASS:
                 if v.__class__ is not Global or v.plan:
                     return False
-            elif expect is _ANY_KEY:
+            elif expect is ANY_KEY:
                 if type(v) is not str:
                     return False
-            elif expect is _ANY_VALUE:
+            elif expect is ANY_VALUE:
                 if v is OPAQUE:
                     return False
             elif type(expect) is str and expect.startswith("torch."):

@@ -57,7 +57,7 @@ class Inst:
 
     def __init__(self, cls: Global) -> None:
         self.cls = cls
-        self.state: Any = _UNSET
+        self.state: Any = UNSET
         self.row = -1
 
 
@@ -104,7 +104,7 @@ class _Sentinel:
         return self.name
 
 
-_UNSET = _Sentinel("<unset>")
+UNSET = _Sentinel("<unset>")
 OPAQUE = _Sentinel("<opaque>")  # a plans value, or a memo slot not kept
 STORAGE_MARK = _Sentinel("<storage>")  # dict key: this dict's entries are the storage columns
 
@@ -232,7 +232,7 @@ def fields(state: Any, n: int, names: tuple[str, ...]) -> tuple[Any, ...]:
 
 def dtype_of(props: Any) -> str:
     """As the reference `_dtype`: the first field of TensorProperties' tuple state (a dict state's `dtype`)."""
-    if props.__class__ is not Inst or not props.cls.rec or props.state is _UNSET:
+    if props.__class__ is not Inst or not props.cls.rec or props.state is UNSET:
         return "unknown"
     st = props.state
     if type(st) is tuple and st:
@@ -348,4 +348,4 @@ def hook_key(key: Any) -> bool:
     return key.__class__ is str and key in SLOT_HOOK_NAMES
 
 
-_D = struct.Struct("<d")
+D = struct.Struct("<d")

@@ -38,9 +38,9 @@ from ckptinspect.formats.dcp.names import CHUNK as CHUNK_CLS, INDEX, WRITE_ITEM
 from ckptinspect.formats.dcp.vm_bounds import plan_segments, read_bounds, storage_segments, tensor_segments
 from ckptinspect.formats.dcp.vm_ctx import Ctx
 from ckptinspect.formats.dcp.vm_patterns import (
-    _CHUNK_WANT,
-    _PLAN_WANT,
-    _STORAGE_WANT,
+    CHUNK_WANT,
+    PLAN_WANT,
+    STORAGE_WANT,
     CHUNK,
     CHUNK_REC,
     CHUNK_RUN,
@@ -56,7 +56,7 @@ from ckptinspect.formats.dcp.vm_patterns import (
     TENSOR_BOUND,
     TENSOR_BOUND_REC,
     TENSOR_BOUND_WANT,
-    _Pattern,
+    Pattern,
 )
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def _rows(rec: re.Pattern[bytes], buf: bytes, pos: int) -> list[Any]:
     return rows
 
 
-def _run(ctx: Ctx, pat: _Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes], want: dict[str, Any],
+def _run(ctx: Ctx, pat: Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes], want: dict[str, Any],
          buf: bytes, pos: int) -> tuple[list[Any], dict[int, int]] | None:
     """The columns of the contiguous records from `pos` (column 0: each whole record) and the column of each
     captured group, or None when none: through the pattern specialised to the GETs seen so far, learning the
@@ -143,7 +143,7 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
 
     from ckptinspect.formats.dcp import vm_batch as B
 
-    got = _run(ctx, CHUNK, CHUNK_REC, CHUNK_RUN, _CHUNK_WANT, buf, pos)
+    got = _run(ctx, CHUNK, CHUNK_REC, CHUNK_RUN, CHUNK_WANT, buf, pos)
     if got is None:
         return -1
     cols, at = got
@@ -158,7 +158,7 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
         if b is not None and b.tensor:
             extra[r] = 9
     base = B.exclusive_cumsum(8 + extra, n0)
-    ok = ctx.gets_ok(cols, at, CHUNK, _CHUNK_WANT, base, n0)
+    ok = ctx.gets_ok(cols, at, CHUNK, CHUNK_WANT, base, n0)
     both, nd = B.tuples(cols[at[ix["offsets"]]] + cols[at[ix["sizes"]]])  # one decode for the two columns
     o_nd, s_nd = nd[:n], nd[n:]
     split = int(o_nd.sum())
@@ -237,7 +237,7 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
 
     from ckptinspect.formats.dcp import vm_batch as B
 
-    got = _run(ctx, STORAGE, STORAGE_REC, STORAGE_RUN, _STORAGE_WANT, buf, pos)
+    got = _run(ctx, STORAGE, STORAGE_REC, STORAGE_RUN, STORAGE_WANT, buf, pos)
     if got is None:
         return -1
     cols, at = got
@@ -257,7 +257,7 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     count = 4 + fqn_inline + 3 * has_off + path_inline
     base = B.exclusive_cumsum(count, n0)
     # the names' GETs: their slots are checked with their values (`_names`)
-    ok &= ctx.gets_ok(cols, at, STORAGE, _STORAGE_WANT, base, n0, _NAME_GETS) & (nd <= 127)
+    ok &= ctx.gets_ok(cols, at, STORAGE, STORAGE_WANT, base, n0, _NAME_GETS) & (nd <= 127)
     fqn_strs = _decoded(fqn_s, sink.strings)
     path_strs = _decoded(col("path_s"), sink.strings)
     fqn_slot = base + 2
@@ -313,7 +313,7 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
 
     from ckptinspect.formats.dcp import vm_batch as B
 
-    got = _run(ctx, PLAN, PLAN_REC, PLAN_RUN, _PLAN_WANT, buf, pos)
+    got = _run(ctx, PLAN, PLAN_REC, PLAN_RUN, PLAN_WANT, buf, pos)
     if got is None:
         return -1
     cols, at = got
@@ -337,7 +337,7 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
         if b is not None and b.plan:
             extra[r] = 3 + b.pd_new
     base = B.exclusive_cumsum(rec + extra, n0)
-    ok &= ctx.gets_ok(cols, at, PLAN, _PLAN_WANT, base, n0)
+    ok &= ctx.gets_ok(cols, at, PLAN, PLAN_WANT, base, n0)
     for r, b in bounds.items():
         if b is None:
             ok[r] = False

@@ -1,6 +1,6 @@
 """The byte patterns of the three records a DCP writer repeats per chunk (used by `vm_fast.py`).
 
-Each record is one regular expression built piece by piece (`_Pattern`): every capturing group is named, every memo
+Each record is one regular expression built piece by piece (`Pattern`): every capturing group is named, every memo
 GET is captured, and the `*_WANT` tables say what the named GETs must hold (a class, a field name, a builder).
 """
 
@@ -16,10 +16,10 @@ _INT = (rb"(?:K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x0
 # a tuple of ints, arity exact: TUPLE1/2/3 after 1/2/3 ints, or MARK ints TUPLE
 _TUP = rb"(?:" + _INT + rb"\x85|" + _INT * 2 + rb"\x86|" + _INT * 3 + rb"\x87|\(" + _INT + rb"+t)"
 _NEW = rb"\)\x81\x94\}\x94\("  # EMPTY_TUPLE NEWOBJ MEMOIZE EMPTY_DICT MEMOIZE MARK
-_NAME = rb"[^\x94]*"  # a spelled name up to its MEMOIZE (`_Pattern.string`)
+_NAME = rb"[^\x94]*"  # a spelled name up to its MEMOIZE (`Pattern.string`)
 
 
-class _Pattern:
+class Pattern:
     """A record pattern built piece by piece: every capturing group gets a name, every GET is captured (its memo
     slot must exist before the record: checked for all of them, not only the ones whose value matters)."""
 
@@ -33,11 +33,11 @@ class _Pattern:
         self.vary: frozenset[int] = frozenset()  # GETs whose slot changes from record to record
         self._flags: dict[int, bytes] = {}  # entry in `parts` -> the pattern of a `flag` group
 
-    def raw(self, b: bytes) -> _Pattern:
+    def raw(self, b: bytes) -> Pattern:
         self.parts.append(b)
         return self
 
-    def get(self, name: str | None = None) -> _Pattern:
+    def get(self, name: str | None = None) -> Pattern:
         self.part_of[self.n] = len(self.parts)
         self.parts.append(rb"(h.|j....)")
         self.gets.append(self.n)
@@ -46,14 +46,14 @@ class _Pattern:
         self.n += 1
         return self
 
-    def cap(self, name: str, pattern: bytes) -> _Pattern:
+    def cap(self, name: str, pattern: bytes) -> Pattern:
         self.part_of[self.n] = len(self.parts)
         self.parts.append(b"(" + pattern + b")")
         self.index[name] = self.n
         self.n += 1
         return self
 
-    def flag(self, name: str, pattern: bytes) -> _Pattern:
+    def flag(self, name: str, pattern: bytes) -> Pattern:
         """`pattern`, of which only whether it is there matters: the group captures its first byte (a lookahead),
         not the whole of it. A one-byte capture is one of CPython's cached one-byte objects: nothing is allocated
         per record, and the column's presence pass reads objects that stay in cache."""
@@ -64,13 +64,13 @@ class _Pattern:
         self.n += 1
         return self
 
-    def size(self, name: str, flag: bool = False) -> _Pattern:
+    def size(self, name: str, flag: bool = False) -> Pattern:
         """torch.Size(tuple): REDUCE(GET Size, (tuple,)), 3 MEMOIZEs. `flag`: only whether it is there is read."""
         self.get(name + "_fn")
         (self.flag if flag else self.cap)(name, _TUP)
         return self.raw(rb"\x94\x85\x94R\x94")
 
-    def string(self, name: str) -> _Pattern:
+    def string(self, name: str) -> Pattern:
         """SHORT_BINUNICODE of a name, MEMOIZE. Greedy up to the first 0x94 byte (MEMOIZE), without a lazy loop's
         step per character; its declared length is checked after, so a name that holds a 0x94 byte (inside a
         UTF-8 character) is not taken, and the loop reads it. `[^\x94]` is sre's cheapest repeat (a byte
@@ -98,7 +98,7 @@ class _Pattern:
     def group(self, m: re.Match[bytes], name: str) -> bytes | None:
         return m.group(self.index[name] + 1)
 
-    def varying(self, *names: str) -> _Pattern:
+    def varying(self, *names: str) -> Pattern:
         self.vary = frozenset(self.index[n] for n in names)
         return self
 
@@ -123,7 +123,7 @@ class _Pattern:
         return self._named
 
 
-def _chunk_pattern(p: _Pattern, tag: str) -> _Pattern:
+def _chunk_pattern(p: Pattern, tag: str) -> Pattern:
     return (p.get(tag + "cls").raw(_NEW).get(tag + "k_offsets").size(tag + "offsets").get(tag + "k_sizes")
             .size(tag + "sizes").raw(b"ub"))
 
@@ -134,17 +134,17 @@ def _chunk_pattern(p: _Pattern, tag: str) -> _Pattern:
 # TensorProperties(dtype, layout, requires_grad, memory_format, pin_memory), size=torch.Size, chunks=[...]). One
 # group of the chunk pattern (every record of a run carries it, empty but for a few): its fields are read from the
 # few rows that have one, with `TENSOR_BOUND_REC`.
-TENSOR_BOUND = _Pattern()
+TENSOR_BOUND = Pattern()
 (TENSOR_BOUND.raw(b"(?:").cap("cont", rb"e(?:\x95.{8})*\(").raw(b"|eub\x8c").cap("key_len", b".")
  .cap("key", _NAME).raw(rb"\x94").get("tsm").raw(_NEW).get("k_properties").get("props_cls")
  .raw(rb"\)\x81\x94\(").get("dtype").get("layout").cap("grad", rb"[\x88\x89]").get("memory_format")
  .cap("pin", rb"[\x88\x89]").raw(rb"t\x94b").get("k_size").size("tsize").get("k_chunks").raw(rb"\]\x94\()"))
 TENSOR_BOUND_REC = TENSOR_BOUND.compile()
-CHUNK = _chunk_pattern(_Pattern(), "").cap("bound", b"(?:" + TENSOR_BOUND.inline() + b")?")
+CHUNK = _chunk_pattern(Pattern(), "").cap("bound", b"(?:" + TENSOR_BOUND.inline() + b")?")
 CHUNK_REC = CHUNK.compile()
 CHUNK_RUN = CHUNK.compile_run()
 
-def _index(p: _Pattern, tag: str, read_offsets: bool) -> _Pattern:
+def _index(p: Pattern, tag: str, read_offsets: bool) -> Pattern:
     """MetadataIndex(fqn, offset, index): its state dict in either field order torch writes (`fqn, index[, offset]`
     as `MetadataIndex.__init__` sets them, tried first, or `fqn, offset, index`), offset None or a torch.Size, index
     None or an int. The name is matched once for both orders (no backtracking over it). `read_offsets` False (the
@@ -158,7 +158,7 @@ def _index(p: _Pattern, tag: str, read_offsets: bool) -> _Pattern:
     return p
 
 
-STORAGE = _Pattern()
+STORAGE = Pattern()
 _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 (STORAGE.get("si").raw(_NEW).get("k_path").raw(b"(?:").get("path").raw(b"|").string("path_s").raw(b")")
  .get("k_pos").cap("pos", _INT).get("k_len").cap("len", _INT).raw(b"ub")
@@ -167,7 +167,7 @@ _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 STORAGE_REC = STORAGE.compile()
 STORAGE_RUN = STORAGE.compile_run()
 
-PLAN = _Pattern()
+PLAN = Pattern()
 _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).raw(b"ub")
 (PLAN.get("k_type").raw(b"(?:").get("type_ref").raw(b"|").get("type_fn").raw(_INT)
  .flag("type_reduce", rb"\x85\x94R\x94").raw(b")").get("k_bytes").raw(b"(?:N|").get().raw(b")")
@@ -179,7 +179,7 @@ _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).r
 # or the end of this SavePlan (APPENDS, its other fields, SETITEMS BUILD) and the start of the next one up to its
 # items list's MARK. SavePlan's fields in dataclass order: items, storage_data (None), planner_data, usable. One
 # group of the WriteItem pattern, as `TENSOR_BOUND`.
-PLAN_BOUND = _Pattern()
+PLAN_BOUND = Pattern()
 (PLAN_BOUND.raw(b"(?:").cap("cont", rb"e(?:\x95.{8})*\(").raw(b"|e").get("k_sd").raw(b"N").get("k_pd")
  .cap("pd", rb"\}\x94|N").get("k_usable").cap("usable", rb"[\x88\x89]").raw(b"ub").get("saveplan").raw(_NEW)
  .get("k_items").raw(rb"\]\x94\()"))
@@ -188,22 +188,22 @@ PLAN.cap("bound", b"(?:" + PLAN_BOUND.inline() + b")?").varying("fqn", "chunk", 
 PLAN_REC = PLAN.compile()
 PLAN_RUN = PLAN.compile_run()
 
-_ANY_CLASS = object()
-_ANY_KEY = object()
-_ANY_VALUE = object()  # any value the walk kept (a GET of one it did not keep makes the loop fall back)
+ANY_CLASS = object()
+ANY_KEY = object()
+ANY_VALUE = object()  # any value the walk kept (a GET of one it did not keep makes the loop fall back)
 
-_CHUNK_WANT = {"cls": CHUNK_CLS, "k_offsets": "offsets", "offsets_fn": tuple, "k_sizes": "sizes", "sizes_fn": tuple}
-TENSOR_BOUND_WANT = {"tsm": TSM, "k_properties": _ANY_KEY, "props_cls": PROPS, "k_size": _ANY_KEY, "tsize_fn": tuple,
-                     "k_chunks": _ANY_KEY, "dtype": _ANY_VALUE, "layout": _ANY_VALUE, "memory_format": _ANY_VALUE}
-PLAN_BOUND_WANT = {"k_sd": _ANY_KEY, "k_pd": _ANY_KEY, "k_usable": _ANY_KEY, "saveplan": SAVE_PLAN,
-                   "k_items": _ANY_KEY}
+CHUNK_WANT = {"cls": CHUNK_CLS, "k_offsets": "offsets", "offsets_fn": tuple, "k_sizes": "sizes", "sizes_fn": tuple}
+TENSOR_BOUND_WANT = {"tsm": TSM, "k_properties": ANY_KEY, "props_cls": PROPS, "k_size": ANY_KEY, "tsize_fn": tuple,
+                     "k_chunks": ANY_KEY, "dtype": ANY_VALUE, "layout": ANY_VALUE, "memory_format": ANY_VALUE}
+PLAN_BOUND_WANT = {"k_sd": ANY_KEY, "k_pd": ANY_KEY, "k_usable": ANY_KEY, "saveplan": SAVE_PLAN,
+                   "k_items": ANY_KEY}
 _INDEX_WANT = {"k_fqn": "fqn", "k_offset_a": "offset", "offset_a_fn": tuple, "k_index_a": "index",
                "k_offset_b": "offset", "offset_b_fn": tuple, "k_index_b": "index"}
-_STORAGE_WANT = {"mi": INDEX, **_INDEX_WANT, "si": STORAGE_INFO, "k_path": "relative_path", "k_pos": "offset",
+STORAGE_WANT = {"mi": INDEX, **_INDEX_WANT, "si": STORAGE_INFO, "k_path": "relative_path", "k_pos": "offset",
                  "k_len": "length"}
-_PLAN_WANT = {"wi": WRITE_ITEM, "k_index": _ANY_KEY, "mi": _ANY_CLASS,
-              "k_fqn": _ANY_KEY, "k_offset_a": _ANY_KEY, "offset_a_fn": tuple, "k_index_a": _ANY_KEY,
-              "k_offset_b": _ANY_KEY, "offset_b_fn": tuple, "k_index_b": _ANY_KEY,
-              "k_type": _ANY_KEY, "type_fn": int, "k_bytes": _ANY_KEY, "k_tensor": _ANY_KEY, "twd": _ANY_CLASS,
-              "k_chunk": _ANY_KEY, "k_props": _ANY_KEY, "props": _ANY_CLASS, "k_size": _ANY_KEY, "size_fn": tuple}
+PLAN_WANT = {"wi": WRITE_ITEM, "k_index": ANY_KEY, "mi": ANY_CLASS,
+              "k_fqn": ANY_KEY, "k_offset_a": ANY_KEY, "offset_a_fn": tuple, "k_index_a": ANY_KEY,
+              "k_offset_b": ANY_KEY, "offset_b_fn": tuple, "k_index_b": ANY_KEY,
+              "k_type": ANY_KEY, "type_fn": int, "k_bytes": ANY_KEY, "k_tensor": ANY_KEY, "twd": ANY_CLASS,
+              "k_chunk": ANY_KEY, "k_props": ANY_KEY, "props": ANY_CLASS, "k_size": ANY_KEY, "size_fn": tuple}
 

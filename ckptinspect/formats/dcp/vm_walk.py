@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import IO, Any, Callable
 
 from ckptinspect.formats.dcp.vm_eval import (
-    _D,
-    _UNSET,
+    D,
+    UNSET,
     BUILDER_VALUES,
     MAX_BYTES_ARG,
     MAX_STACK,
@@ -147,7 +147,7 @@ class Walker:
             else:
                 d["_state"] = state
             return
-        if inst.state is not _UNSET:
+        if inst.state is not UNSET:
             raise Fallback("BUILD twice")
         inst.state = state
         if self.plans:
@@ -359,7 +359,7 @@ def walk(w: Walker) -> Any:
             memo.put(from_bytes(buf[pos:pos + 4], "little"), stack[-1])
             pos += 4
         elif op == 0x47:  # BINFLOAT
-            push(_D.unpack(buf[pos:pos + 8][::-1])[0])
+            push(D.unpack(buf[pos:pos + 8][::-1])[0])
             pos += 8
         elif op == 0x64:  # DICT
             items = w.pop_mark()
