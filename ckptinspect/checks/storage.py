@@ -20,7 +20,7 @@ from ckptinspect.checks import CheckContext
 from ckptinspect.errors import UNREAD_CODE, LimitExceeded, ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.checks.columns import chunk_tensor_ids
-from ckptinspect.formats._files import ItemFiles
+from ckptinspect.formats.files import ItemFiles
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Undecodable, tensor_bound
 from ckptinspect.io import location
 from ckptinspect.model import Checkpoint, Format, ShardedBackend, StoredItem, dtype_size
@@ -189,7 +189,7 @@ def _arrays(ckpt: Checkpoint) -> tuple[list[str], Any, Any, Any, Callable[[int],
 
 
 def _size_outside_listing(root: Path, name: str) -> int | None:
-    from ckptinspect.formats._files import regular_size
+    from ckptinspect.formats.files import regular_size
 
     return regular_size(root / name) if "/" in name else None
 

@@ -11,6 +11,19 @@ The registry is the literal `READERS` table below. Every reader has the same con
 
 `read_checkpoint` wraps every reader: a checkpoint dir that cannot be listed or entered is not sniffed at all, and
 what the reader could not open for access reasons (noted by `io.local`) becomes CK209 findings after it ran.
+
+Modules:
+- `sniff.py` (what a path is, its format, the evidence), `generation.py` (which Megatron-Core release family wrote
+  it), `resolve.py` (a save dir stands for the checkpoint a resume would pick; where a checkpoint's files live),
+  `savedir.py` (the tracker and the iteration dirs), `inflight.py` (a save still being written, the age rule);
+- readers: `torch_dist.py`, `dcp/` (the one package that knows DCP's `.metadata`: reference reader, streaming VM,
+  per-rank and Hugging Face layouts), `legacy.py` (per-rank `mp_rank_*` `.pt`), `zarr_dir.py`, `megatron_fsdp.py`,
+  `nvrx_local.py`, `stacks.py` (Bridge, NeMo 2, torchtitan, non-persistent around a payload), `run_config.py`
+  (Bridge's `run_config.yaml`, safe-loaded);
+- shared by them: `files.py` (listing a dir, reading stored items, pickle findings), `transforms.py` (DCP stream
+  transforms undone within bounds), `topology.py` (TP/PP/DP/... from args, checked against the files),
+  `args_values.py` (every args value checked at this boundary), `safetensors_header.py` (a safetensors header,
+  bounded).
 """
 
 from __future__ import annotations

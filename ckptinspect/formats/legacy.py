@@ -17,7 +17,7 @@ from typing import Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import list_files, pickle_findings
+from ckptinspect.formats.files import list_files, pickle_findings
 from ckptinspect.pickling.plain import to_plain, walk_tensors
 from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.unpickle import PickleReport

@@ -31,7 +31,7 @@ from typing import Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import read_item_archive
+from ckptinspect.formats.files import read_item_archive
 from ckptinspect.formats.args_values import arg_int
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint

@@ -20,7 +20,7 @@ from typing import Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import pickle_findings, regular_size
+from ckptinspect.formats.files import pickle_findings, regular_size
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, FileInfo, FileRole, Format
 from ckptinspect.pickling.plain import to_plain

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptinspect.formats._files import regular_size
+from ckptinspect.formats.files import regular_size
 from ckptinspect.io.local import noted, probe_dir, read_small
 from ckptinspect.formats.dcp.hf import hf_layout
 from ckptinspect.formats.dcp.ranks import missing_message, rank_files

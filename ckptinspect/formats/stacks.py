@@ -22,7 +22,7 @@ from typing import Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import pickle_findings
+from ckptinspect.formats.files import pickle_findings
 from ckptinspect.formats.megatron_fsdp import fsdp_enrich
 from ckptinspect.formats.savedir import join_label
 from ckptinspect.formats.run_config import RUN_CONFIG, args_from_run_config, load_run_config

@@ -17,7 +17,7 @@ from typing import Any
 
 from ckptinspect.errors import UNREAD_CODE, ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import list_files, pickle_findings, read_item_archive
+from ckptinspect.formats.files import list_files, pickle_findings, read_item_archive
 from ckptinspect.io.local import noted, read_small
 from ckptinspect.pickling.plain import to_plain
 from ckptinspect.pickling.unpickle import PickleReport

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ckptinspect.errors import read_code
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import regular_size
+from ckptinspect.formats.files import regular_size
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
 from ckptinspect.io.local import probe_dir, read_small
 

@@ -8,7 +8,7 @@ are `OSError`s too, so the readers report them like local ones.
 
 Unread files (docs/contract.md CK209): a local file or dir that exists but cannot be opened, listed or entered for
 lack of permission, or for an I/O error, is noted here by the function that met it (`open_regular`, `probe_dir`,
-`probe_readable`, the listing helpers of `formats/_files.py`) — whatever the caller then does with the error, a
+`probe_readable`, the listing helpers of `formats/files.py`) — whatever the caller then does with the error, a
 silent skip included. `storage.findings.storage_findings` turns the notes under a checkpoint into CK209 findings
 (status `incomplete`: the verdict on those bytes is missing), so no reader or check has to remember to. Notes live
 inside `unread_scope()` (opened by every command's library function); the outermost scope forgets them at exit.

@@ -16,7 +16,9 @@ Reading:
   one `PickleReport` (what was referenced and called) and the one builder of its findings (CK601 / CK602 / CK604);
 - `standins.py`, `builders.py` (stand-in values for allowlisted torch / numpy / builtin constructors), `plain.py`
   (stand-ins to plain values);
-- `torch_archive.py`: `torch.save` zip archives (directory, `data.pkl`, storages).
+- `torch_archive.py`: `torch.save` zip archives (directory, `data.pkl`, storages); `legacy_format.py`: torch's
+  non-zip serialization (`_use_new_zipfile_serialization=False`); `tar_archive.py`: pre-1.6 tar saves, never
+  extracted.
 
 The streaming evaluator of DCP `.metadata` files is DCP's own and lives with its reader (`formats/dcp/vm_*.py`).
 """

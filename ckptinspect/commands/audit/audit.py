@@ -265,6 +265,6 @@ def _list(path: Path, label: str, opts: AuditOptions) -> Listing:
 
 
 def _all_files(path: Path) -> tuple[Any, ...]:
-    from ckptinspect.formats._files import list_files
+    from ckptinspect.formats.files import list_files
 
     return list_files(path, recursive=True)

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from ckptinspect.io.local import open_regular
 from ckptinspect.errors import ReadError
-from ckptinspect.formats._files import read_item_archive
+from ckptinspect.formats.files import read_item_archive
 from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.plain import to_plain, walk_tensors
 from ckptinspect.pickling.torch_archive import read_torch_file

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import list_files, regular_size
+from ckptinspect.formats.files import list_files, regular_size
 from ckptinspect.formats.dcp.table import table_from_tensors
 from ckptinspect.formats.safetensors_header import DTYPES, Header, read_header
 from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, Topology, dtype_size

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import pickle_findings
+from ckptinspect.formats.files import pickle_findings
 from ckptinspect.formats.dcp.table import table_from_tensors
 from ckptinspect.formats.dcp.metadata import DcpMetadata
 from ckptinspect.formats.dcp.stream import read_metadata

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ckptinspect.errors import ReadError, read_code
 from ckptinspect.findings import Finding
-from ckptinspect.formats._files import list_files, pickle_findings
+from ckptinspect.formats.files import list_files, pickle_findings
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.formats.dcp.hf import hf_layout, read_hf
 from ckptinspect.formats.dcp.metadata import DcpMetadata

@@ -26,7 +26,7 @@ from ckptinspect.commands.diff.args import BLOCKING_ARGS, Category, categorize, 
 from ckptinspect.commands.diff.diff import DiffResult, What, diff_checkpoints, diff_paths
 from ckptinspect.errors import UsageError
 from ckptinspect.formats import read_checkpoint
-from ckptinspect.formats._files import read_item_archive
+from ckptinspect.formats.files import read_item_archive
 from ckptinspect.model import Checkpoint, Tensor
 from ckptinspect.commands.diff import values
 from ckptinspect.render.diff_text import render_diff

@@ -13,7 +13,7 @@ from ckptinspect.findings import Finding
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, decode_item
 from ckptinspect.pickling.report import safety_findings
 from ckptinspect.io.local import file_size, note_unread, open_regular
-from ckptinspect.pickling.unpickle import PickleReport
+from ckptinspect.pickling.report import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_archive
 from ckptinspect.model import FileInfo, FileRole, StoredItem
 from ckptinspect.io.objpath import ObjectPath
