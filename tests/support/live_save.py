@@ -99,3 +99,24 @@ def _stopped(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] in "Tt"
+
+
+def observe_each_stop(save: GatedSave, n: int, observe: Any, keep_root: Path | None = None,
+                      timeout: float = 120.0) -> list[Any]:
+    """Run a started gated save through its `n` stops: at each, `observe(save.out)`, and copy the save dir to
+    `keep_root / f"state{i}"` (times kept) when given; then once more when the save is done. Always ends the save."""
+    import shutil
+
+    seen = []
+    try:
+        for i in range(n):
+            info = save.wait_stop(i, timeout=timeout)
+            seen.append(observe(save.out))
+            if keep_root is not None:
+                shutil.copytree(save.out, keep_root / f"state{i}", symlinks=True)  # copy2: the times are kept
+            save.resume(info)
+        save.wait()
+    finally:
+        save.end()
+    seen.append(observe(save.out))
+    return seen

@@ -28,7 +28,7 @@ import ckptinspect
 from ckptinspect.cli.app import app
 from ckptinspect.formats.inflight import GRACE_ENV, cut_json, megatron_iteration
 from conftest import SAMPLES
-from live_save import GatedSave
+from live_save import GatedSave, observe_each_stop
 
 IT1, IT2 = "iter_0000001", "iter_0000002"
 
@@ -77,18 +77,7 @@ def _observe(save: Path) -> dict[str, Any]:
 
 def _stopped_save(root: Path, msc: bool, stops: tuple[tuple[str, int | None, str], ...]) -> list[dict[str, Any]]:
     save = GatedSave(root / "save", root / "gate", [(name, at) for name, at, _ in stops], msc=msc).start()
-    seen = []
-    try:
-        for i in range(len(stops)):
-            info = save.wait_stop(i)
-            seen.append(_observe(root / "save"))
-            shutil.copytree(root / "save", root / f"state{i}", symlinks=True)  # copy2: the times are kept
-            save.resume(info)
-        save.wait()
-    finally:
-        save.end()
-    seen.append(_observe(root / "save"))
-    return seen
+    return observe_each_stop(save, len(stops), _observe, keep_root=root)
 
 
 @pytest.fixture(scope="module", params=list(MODES))

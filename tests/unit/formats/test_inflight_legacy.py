@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
 from ckptinspect.formats.inflight import GRACE_ENV
-from live_save import GatedSave
+from live_save import GatedSave, observe_each_stop
 
 IT1, IT2 = "iter_0000001", "iter_0000002"
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -68,18 +68,7 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[s
     root = tmp_path_factory.mktemp("legacy_stopped")
     save = GatedSave(root / "save", root / "gate", [(n, at) for n, at, _ in STOPS], msc=False,
                      format="legacy").start()
-    seen = []
-    try:
-        for i in range(len(STOPS)):
-            info = save.wait_stop(i, timeout=300)
-            seen.append(_observe(root / "save"))
-            shutil.copytree(root / "save", root / f"state{i}", symlinks=True)  # copy2: the times are kept
-            save.resume(info)
-        save.wait()
-    finally:
-        save.end()
-    seen.append(_observe(root / "save"))
-    return root, seen
+    return root, observe_each_stop(save, len(STOPS), _observe, keep_root=root, timeout=300)
 
 
 @pytest.mark.slow
