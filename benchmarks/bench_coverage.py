@@ -16,31 +16,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ckptinspect.checks.coverage import tensor_coverage  # noqa: E402
 from ckptinspect.model import Chunk, StoredItem, Tensor  # noqa: E402
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry  # noqa: E402
 
 _ITEM = StoredItem("__0_0.distcp", 0, 1)
 
 
-def build(n_chunks: int, seed: int = 0) -> list[Tensor]:
+def build(n_chunks: int, seed: int = 0) -> tuple[Tensor, ...]:
     rng = random.Random(seed)
-    tensors: list[Tensor] = []
+    tensors: list[TensorEntry] = []
     # 60 %: 1-D buckets of 100k elements cut into irregular pieces (~20 per bucket, tiny padding pieces included)
     n1 = int(n_chunks * 0.6)
     while n1 > 0:
         k = min(20, n1)
         cuts = sorted(rng.sample(range(1, 100_000), k - 1))
         bounds = [0, *cuts, 100_000]
-        tensors.append(Tensor(f"optimizer.bucket_{len(tensors)}", (100_000,), "float32",
-                              tuple(Chunk((a,), (b - a,), _ITEM) for a, b in zip(bounds, bounds[1:]))))
+        tensors.append(TensorEntry(f"optimizer.bucket_{len(tensors)}", (100_000,), "float32",
+                                   tuple(Chunk((a,), (b - a,), _ITEM) for a, b in zip(bounds, bounds[1:]))))
         n1 -= k
     # 40 %: stacked layers (L=64, 4096, 1024) split over TP=8 on axis 1: one chunk per (layer, tp)
     n2 = n_chunks - sum(len(t.chunks) for t in tensors)
     while n2 > 0:
         layers = min(64, max(1, n2 // 8))
-        tensors.append(Tensor(f"decoder.layers.w{len(tensors)}", (layers, 4096, 1024), "bfloat16",
-                              tuple(Chunk((l, tp * 512, 0), (1, 512, 1024), _ITEM)
-                                    for l in range(layers) for tp in range(8))))
+        tensors.append(TensorEntry(f"decoder.layers.w{len(tensors)}", (layers, 4096, 1024), "bfloat16",
+                                   tuple(Chunk((l, tp * 512, 0), (1, 512, 1024), _ITEM)
+                                         for l in range(layers) for tp in range(8))))
         n2 -= layers * 8
-    return tensors
+    return ChunkTable.of(tensors).tensors
 
 
 def main() -> int:

@@ -15,6 +15,7 @@ from typing import IO, Any
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.pickling.unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 
 _SHARD_KEY = re.compile(r"^(?P<family>.*)/shard_(?P<offset>-?\d+(?:\.-?\d+)*)_(?P<shape>-?\d+(?:\.-?\d+)*)$")
 
@@ -49,7 +50,7 @@ class DcpMetadata:
     unknown_attrs: tuple[str, ...]
     storage_without_metadata: int
     report: PickleReport
-    table: Any = field(default=None, compare=False)  # the `ChunkTable` of `tensors` when streamed (`dcp_stream.py`)
+    table: ChunkTable = field(compare=False)  # the one chunk store; `tensors` are its `tensors`
 
 
 def parse_shard_key(key: str) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
@@ -171,7 +172,7 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
             if isinstance(v, dict) and "nd_reformulated_orig_global_shape" in v:
                 mcore_data[str(k)] = tuple(int(x) for x in v["nd_reformulated_orig_global_shape"])
 
-    tensors: list[Tensor] = []
+    tensors: list[TensorEntry] = []
     objects: list[ObjectItem] = []
     get = storage.get
     for key, md in state["state_dict_metadata"].items():
@@ -198,7 +199,7 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
             offs, sizes = cst if type(cst) is tuple and len(cst) == 2 else c.values()
             offs = _coords(offs, "chunk offset")
             chunks.append(Chunk(offs, _coords(sizes, "chunk size"), get((key, offs))))
-        tensors.append(Tensor(key, size, _dtype(mst.get("properties")), tuple(chunks), None, mcore_data.get(key)))
+        tensors.append(TensorEntry(key, size, _dtype(mst.get("properties")), chunks, None, mcore_data.get(key)))
         if isinstance(raw_chunks, list):
             raw_chunks.clear()
 
@@ -210,10 +211,11 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
     unknown = tuple(sorted(k for k in state if k not in _KNOWN_ATTRS and not str(k).startswith("_")))
     seen = {t.key for t in tensors} | {o.key for o in objects}
     orphans = sum(1 for fqn, _ in storage if fqn not in seen)
+    table = ChunkTable.of(tensors)
     return DcpMetadata(
-        tuple(tensors), tuple(objects), planner_keys, rank_items, mcore_data,
+        table.tensors, tuple(objects), planner_keys, rank_items, mcore_data,
         str(version) if version is not None else None, checkpoint_id, getattr(root, "qualname", "?"), unknown,
-        orphans, report,
+        orphans, report, table,
     )
 
 

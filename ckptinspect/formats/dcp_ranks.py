@@ -28,10 +28,10 @@ from pathlib import Path
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats._files import pickle_findings
-from ckptinspect.formats._stream_table import table_from_tensors
 from ckptinspect.formats.dcp_metadata import DcpMetadata
 from ckptinspect.formats.dcp_stream import read_metadata_file
 from ckptinspect.model import Chunk, ObjectItem, Tensor
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.io.objpath import ObjectPath
 
@@ -142,8 +142,7 @@ def read_rank_metadata(path: Path, rf: RankFiles, label: str) -> tuple[DcpMetada
         objects.extend(md.objects)
     if first is None:
         return None, findings
-    tensors = [Tensor(t.key, t.shape, t.dtype, tuple(chunks[t.key])) for t in merged.values()]
-    table = table_from_tensors(tensors, {})
-    md = DcpMetadata(table.tensor_views(), tuple(objects), first.planner_keys, (), {}, first.version,
+    table = ChunkTable.of(TensorEntry(t.key, t.shape, t.dtype, chunks[t.key]) for t in merged.values())
+    md = DcpMetadata(table.tensors, tuple(objects), first.planner_keys, (), {}, first.version,
                      first.checkpoint_id, first.root_class, first.unknown_attrs, 0, report, table)
     return md, findings
