@@ -135,6 +135,24 @@ def test_absurd_tensor_shapes_in_metadata(shape: tuple[int, ...], ckpt: Path) ->
     assert docs["audit"]["status"] == "corrupt"
 
 
+def test_chunk_offsets_and_sizes_of_different_lengths(ckpt: Path) -> None:
+    # torch's ChunkStorageMetadata with one more size than offsets: the streaming reader falls back to the reference
+    # reader, whose chunks go into the chunk table (one row = one number of axes): a malformed .metadata (CK106),
+    # not a traceback.
+    import torch
+
+    with open(ckpt / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    key = next(k for k, v in md.state_dict_metadata.items() if getattr(v, "chunks", None))
+    chunk = md.state_dict_metadata[key].chunks[0]
+    chunk.sizes = torch.Size([*chunk.sizes, 1])
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    docs = assert_clean_json_runs(ckpt)
+    assert docs["audit"]["status"] == "corrupt"
+    assert any(f["code"] == "CK106" for f in docs["audit"]["findings"])
+
+
 def test_coverage_sums_never_wrap_int64() -> None:
     # An irregular 2-D grid (fallback path) of a 2**62-element tensor with only HALF of it stored: four chunks of
     # 2**60 elements whose int64 volume sum would wrap to zero difference.
