@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,41 +269,27 @@ def _union_volume(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], axis: in
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
-    """Coverage findings for every global tensor (legacy per-rank tensors are local: nothing to cover)."""
+    """Coverage findings for every global tensor (legacy per-rank tensors are local: nothing to cover). The chunk
+    table is screened at once (`columns.tensors_to_check`); only the tensors it flags are computed exactly."""
     if ckpt.format is Format.TORCH:
         return
-    table = ckpt.table
-    tensors: Iterable[Tensor]
-    if ckpt.rank_metadata:
-        # DCP per-rank metadata: each rank wrote (and loads) its own copy of what it holds replicated
-        tensors = [_replicas_once(t) for t in ckpt.tensors]
-    elif table is not None and len(ckpt.tensors) == table.n_tensors:
-        # a streamed DCP `.metadata`: screen every 1-D tensor at once, compute exactly only where needed
-        from ckptinspect.checks.columns import tensors_to_check
+    from ckptinspect.checks.columns import tensors_to_check
 
-        tensors = [ckpt.tensors[i] for i in tensors_to_check(table).nonzero()[0].tolist()]
-    else:
-        tensors = ckpt.tensors
-    for t in tensors:
-        cov = tensor_coverage(t)
-        for f in findings_for(cov, ckpt.path, t):
-            yield _with_layout(f, ckpt, t, cov) if f.code == "CK301" and cov.gaps else f
+    # DCP per-rank metadata: each rank wrote (and loads) its own copy of what it holds replicated
+    table = ckpt.table.replicas_once() if ckpt.rank_metadata else ckpt.table
+    tensors = table.tensors
+    for i in tensors_to_check(table).nonzero()[0].tolist():
+        yield from tensor_findings(ckpt, tensors[i])
     for o in ckpt.objects:
         if o.storage is None:
             yield Finding("CK304", f"byte item {o.key} has no storage entry", o.key, ckpt.path)
 
 
-def _replicas_once(t: Tensor) -> Tensor:
-    """`t` with chunks that several ranks wrote at the same place counted once (`Checkpoint.rank_metadata`); a copy
-    without a storage entry is kept apart, so CK304 still sees it. Chunks that only partly overlap stay overlaps."""
-    seen: set[tuple[tuple[int, ...], tuple[int, ...], bool]] = set()
-    once = []
-    for c in t.chunks:
-        key = (c.offsets, c.sizes, c.storage is None)
-        if key not in seen:
-            seen.add(key)
-            once.append(c)
-    return t if len(once) == len(t.chunks) else dataclasses.replace(t, chunks=tuple(once))
+def tensor_findings(ckpt: Checkpoint, t: Tensor) -> Iterator[Finding]:
+    """The exact coverage findings of one tensor of `ckpt` (a gap with its place in the parallel layout)."""
+    cov = tensor_coverage(t)
+    for f in findings_for(cov, ckpt.path, t):
+        yield _with_layout(f, ckpt, t, cov) if f.code == "CK301" and cov.gaps else f
 
 
 def _with_layout(f: Finding, ckpt: Checkpoint, t: Tensor, cov: TensorCoverage) -> Finding:

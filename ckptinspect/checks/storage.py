@@ -3,9 +3,9 @@
 valid torch archive whose payload is prod(sizes) × dtype (CK205).
 
 The deep read is streamed item by item (one archive's central directory and `data.pkl` at a time: bounded memory),
-file by file in offset order through one open handle per file, and needs no torch. With a chunk table (a streamed
-DCP `.metadata`) the item arrays come from its columns: no object per chunk. Megatron and torch write items back to back (reference §6), so a gap between items is fine
-but an overlap is not.
+file by file in offset order through one open handle per file, and needs no torch. The item arrays come from the
+chunk table's columns: no object per chunk. Megatron and torch write items back to back (reference §6), so a gap
+between items is fine but an overlap is not.
 """
 
 from __future__ import annotations
@@ -24,21 +24,31 @@ from ckptinspect.formats.files import ItemFiles
 from ckptinspect.formats.transforms import MAX_DECODED_BYTES, Undecodable, tensor_bound
 from ckptinspect.io import location
 from ckptinspect.model import Checkpoint, Format, ShardedBackend, StoredItem, dtype_size
+from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.io.local import leaves_dir, probe_readable
 
 MAX_LISTED = 5
 
 
 def _items(ckpt: Checkpoint) -> Iterator[tuple[str, StoredItem, str | None, int | None]]:
-    """(subject, item, dtype, expected payload bytes) for every stored item of a DCP checkpoint."""
-    for t in ckpt.tensors:
-        size = dtype_size(t.dtype)
-        for c in t.chunks:
-            if c.storage is not None:
-                yield t.key, c.storage, t.dtype, (math.prod(c.sizes) * size if size is not None else None)
+    """(subject, item, dtype, expected payload bytes) for every stored item of a DCP checkpoint: the chunk table's
+    rows in order (one object at a time), then the byte items."""
+    table = ckpt.table
+    for t, key in enumerate(table.keys):
+        dtype = table.dtypes[t]
+        size = dtype_size(dtype)
+        for r in table.chunk_rows(t):
+            item = table.stored(r)
+            if item is not None:
+                yield key, item, dtype, (_numel(table, r) * size if size is not None else None)
     for o in ckpt.objects:
         if o.storage is not None:
             yield o.key, o.storage, None, None
+
+
+def _numel(table: ChunkTable, r: int) -> int:
+    """Elements of chunk row `r` (exact: Python ints)."""
+    return math.prod(table.sizes[table.coord_start[r]:table.coord_start[r + 1]].tolist())
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
@@ -121,7 +131,7 @@ def _has_zero_size_chunk(ckpt: Checkpoint) -> bool:
     """A chunk of no element: several ranks' empty shards at one offset (Megatron's uneven 1-D sharding gives the last
     ranks empty shards at the end) have one `MetadataIndex` (fqn, offset), so the global plan keeps one of them, and
     the other ranks' data files, written in the same save, are named by nothing."""
-    return any(any(s == 0 for s in c.sizes) for t in ckpt.tensors for c in t.chunks)
+    return bool((ckpt.table.sizes == 0).any())
 
 
 _EMPTY_FILE_BOUND = 1 << 20
@@ -142,50 +152,37 @@ def _holds_only_an_empty_tensor(ckpt: Checkpoint, name: str, size: int | None) -
 
 
 def _arrays(ckpt: Checkpoint) -> tuple[list[str], Any, Any, Any, Callable[[int], str]]:
-    """(file names in first-use order, file index / start / end of every stored item, subject of item i): from the
-    chunk table's columns when there is one (no object per chunk), else from the model objects."""
+    """(file names in first-use order, file index / start / end of every stored item, subject of item i): the chunk
+    table's columns (no object per chunk), then the byte items."""
     import numpy as np
 
     table = ckpt.table
-    if table is not None and len(ckpt.tensors) == table.n_tensors:
-        rows = np.flatnonzero(table.file_id >= 0)
-        tid = chunk_tensor_ids(table)[rows]
-        f = table.file_id[rows].astype(np.int64)
-        uniq, first = np.unique(f, return_index=True)
-        used = uniq[np.argsort(first, kind="stable")]
-        remap = np.full(len(table.files), -1, dtype=np.int64)
-        remap[used] = np.arange(len(used))
-        names = [table.files[i] for i in used.tolist()]
-        file_ids = {n: i for i, n in enumerate(names)}
-        o_f, o_s, o_e, o_subj = [], [], [], []
-        for o in ckpt.objects:
-            if o.storage is not None:
-                o_f.append(file_ids.setdefault(o.storage.file, len(file_ids)))
-                o_s.append(o.storage.offset)
-                o_e.append(o.storage.end)
-                o_subj.append(o.key)
-        names = list(file_ids)
-        n = len(rows)
-        f_arr = np.concatenate((remap[f], np.array(o_f, dtype=np.int64)))
-        s_arr = np.concatenate((table.byte_offset[rows], np.array(o_s, dtype=np.int64)))
-        e_arr = np.concatenate((table.byte_offset[rows] + table.byte_length[rows], np.array(o_e, dtype=np.int64)))
+    rows = np.flatnonzero(table.file_id >= 0)
+    tid = chunk_tensor_ids(table)[rows]
+    f = table.file_id[rows].astype(np.int64)
+    uniq, first = np.unique(f, return_index=True)
+    used = uniq[np.argsort(first, kind="stable")]
+    remap = np.full(len(table.files), -1, dtype=np.int64)
+    remap[used] = np.arange(len(used))
+    names = [table.files[i] for i in used.tolist()]
+    file_ids = {n: i for i, n in enumerate(names)}
+    o_f, o_s, o_e, o_subj = [], [], [], []
+    for o in ckpt.objects:
+        if o.storage is not None:
+            o_f.append(file_ids.setdefault(o.storage.file, len(file_ids)))
+            o_s.append(o.storage.offset)
+            o_e.append(o.storage.end)
+            o_subj.append(o.key)
+    names = list(file_ids)
+    n = len(rows)
+    f_arr = np.concatenate((remap[f], np.array(o_f, dtype=np.int64)))
+    s_arr = np.concatenate((table.byte_offset[rows], np.array(o_s, dtype=np.int64)))
+    e_arr = np.concatenate((table.byte_offset[rows] + table.byte_length[rows], np.array(o_e, dtype=np.int64)))
 
-        def subject(i: int) -> str:
-            return table.keys[int(tid[i])] if i < n else o_subj[i - n]
+    def subject(i: int) -> str:
+        return table.keys[int(tid[i])] if i < n else o_subj[i - n]
 
-        return names, f_arr, s_arr, e_arr, subject
-    ids: dict[str, int] = {}
-    fid: list[int] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    subjects: list[str] = []
-    for subj, item, _, _ in _items(ckpt):
-        fid.append(ids.setdefault(item.file, len(ids)))
-        starts.append(item.offset)
-        ends.append(item.end)
-        subjects.append(subj)
-    return (list(ids), np.array(fid, dtype=np.int64), np.array(starts, dtype=np.int64),
-            np.array(ends, dtype=np.int64), subjects.__getitem__)
+    return names, f_arr, s_arr, e_arr, subject
 
 
 def _size_outside_listing(root: Path, name: str) -> int | None:
@@ -223,13 +220,11 @@ def _deep(ckpt: Checkpoint, ctx: CheckContext, sizes: dict[str, int | None]) -> 
 
 
 def _items_by_position(ckpt: Checkpoint) -> Iterator[tuple[str, StoredItem, str | None, int | None]]:
-    """`_items` ordered by (file, offset); from the chunk table one row at a time (sorted as arrays)."""
+    """`_items` ordered by (file, offset): the chunk table's rows sorted as arrays, made into objects one at a time.
+    Files in the table's order (the order `.metadata` names them), then the files only byte items are in."""
     import numpy as np
 
     table = ckpt.table
-    if table is None or len(ckpt.tensors) != table.n_tensors:
-        yield from sorted(_items(ckpt), key=lambda x: (x[1].file, x[1].offset))
-        return
     rows = np.flatnonzero(table.file_id >= 0)
     objs = [o for o in ckpt.objects if o.storage is not None]
     fids = {name: i for i, name in enumerate(table.files)}
@@ -247,11 +242,11 @@ def _items_by_position(ckpt: Checkpoint) -> Iterator[tuple[str, StoredItem, str 
             continue
         r = int(rows[j])
         t = int(tid[r])
-        c = table.chunk(r)
+        item = table.stored(r)
         dtype = table.dtypes[t]
         size = dtype_size(dtype)
-        assert c.storage is not None
-        yield table.keys[t], c.storage, dtype, (math.prod(c.sizes) * size if size is not None else None)
+        assert item is not None
+        yield table.keys[t], item, dtype, (_numel(table, r) * size if size is not None else None)
 
 
 def _deep_one(files: ItemFiles, item: StoredItem, dtype: str | None, expected: int | None) -> str | None:

@@ -24,7 +24,8 @@ from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.pickling.torch_archive import TorchArchive, read_torch_file
 from ckptinspect.formats.args_values import arg_int
 from ckptinspect.formats.topology import topology_from
-from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, dtype_size, frozen
+from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, dtype_size, frozen
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 from ckptinspect.io.local import note_unread
 
 MODEL_FILE = "model_optim_rng.pt"
@@ -94,7 +95,7 @@ def is_legacy_dir(path: Path) -> bool:
 def read_legacy(path: Path, label: str) -> Checkpoint:
     """Read a legacy iteration dir (or a single `.pt` file). Never raises for a broken checkpoint."""
     findings: list[Finding] = []
-    tensors: list[Tensor] = []
+    tensors: list[TensorEntry] = []
     shard_args: dict[str, dict[str, Any]] = {}
     shard_files: dict[str, list[str]] = {}
     first_state: dict[str, Any] | None = None
@@ -154,7 +155,7 @@ def read_legacy(path: Path, label: str) -> Checkpoint:
         format=Format.TORCH,
         generation=_generation(first_state),
         iteration=iteration if isinstance(iteration, int) else None,
-        tensors=tuple(tensors),
+        table=ChunkTable.of(tensors),
         files=files,
         args=args,
         common=common,
@@ -183,11 +184,11 @@ def _files(path: Path) -> list[Path]:
         return []
 
 
-def _tensors(archive: TorchArchive, state: Any, rel: str, shard: str | None, prefix: str) -> list[Tensor]:
-    out: list[Tensor] = []
+def _tensors(archive: TorchArchive, state: Any, rel: str, shard: str | None, prefix: str) -> list[TensorEntry]:
+    out: list[TensorEntry] = []
     for key, ref in walk_tensors(state):
-        out.append(Tensor(prefix + key, ref.shape, ref.dtype, (Chunk((0,) * len(ref.shape), ref.shape,
-                                                                      _stored(archive, ref, rel)),), shard))
+        out.append(TensorEntry(prefix + key, ref.shape, ref.dtype, (Chunk((0,) * len(ref.shape), ref.shape,
+                                                                           _stored(archive, ref, rel)),), shard))
     return out
 
 

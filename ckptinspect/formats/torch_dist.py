@@ -30,6 +30,7 @@ from ckptinspect.formats.generation import megatron_generation
 from ckptinspect.formats.zarr_dir import read_zarr_arrays
 from ckptinspect.formats.topology import topology_from
 from ckptinspect.model import Checkpoint, Format, ShardedBackend, frozen
+from ckptinspect.model.chunk_table import ChunkTable
 
 METADATA_JSON = "metadata.json"
 COMMON_PT = "common.pt"
@@ -69,9 +70,9 @@ def read_torch_dist(path: Path, label: str, seen: SeenMetadata | None = None) ->
         findings.append(Finding("CK104", f"metadata.json {why}", METADATA_JSON, label))
 
     zarr = config is not None and config.get("sharded_backend") == "zarr"
-    tensors, objects = (md.tensors, md.objects) if md else ((), ())
+    table, objects = (md.table, md.objects) if md else (ChunkTable.empty(), ())
     if zarr:  # ≤0.15 zarr backend: no .metadata, one zarr array dir per tensor key
-        tensors, objects, zarr_findings = read_zarr_arrays(path, label)
+        table, objects, zarr_findings = read_zarr_arrays(path, label)
         d = replace(d, files=list_files(path, recursive=True))  # the chunk files are the payload
         findings.extend(zarr_findings)
     common, common_source, common_findings = _read_common(path, label, md)
@@ -105,7 +106,6 @@ def read_torch_dist(path: Path, label: str, seen: SeenMetadata | None = None) ->
         format=Format.TORCH_DIST,
         generation=generation.label,
         iteration=iteration,
-        tensors=tensors,
         objects=objects,
         files=d.files,
         args=args,
@@ -117,7 +117,7 @@ def read_torch_dist(path: Path, label: str, seen: SeenMetadata | None = None) ->
         extra=extra,
         layout=frozen(layout),
         reformulated=tuple(md.mcore_data) if md is not None else (),
-        table=md.table if md else None,
+        table=table,
         sharded_backend=ShardedBackend(config["sharded_backend"]) if config is not None else None,
     )
 

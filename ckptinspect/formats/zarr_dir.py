@@ -24,7 +24,8 @@ from pathlib import Path
 from ckptinspect.errors import read_code
 from ckptinspect.findings import Finding
 from ckptinspect.formats.files import regular_size
-from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
+from ckptinspect.model import Chunk, ObjectItem, StoredItem
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 from ckptinspect.io.local import probe_dir, read_small
 
 ZARRAY = ".zarray"
@@ -37,16 +38,16 @@ _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8
              "int8": 1, "uint8": 1, "bool": 1}
 
 
-def read_zarr_arrays(path: Path, label: str) -> tuple[tuple[Tensor, ...], tuple[ObjectItem, ...], list[Finding]]:
+def read_zarr_arrays(path: Path, label: str) -> tuple[ChunkTable, tuple[ObjectItem, ...], list[Finding]]:
     """Every zarr array and ShardedObject file under `path` (one checkpoint dir). Never raises."""
-    tensors: list[Tensor] = []
+    tensors: list[TensorEntry] = []
     objects: list[ObjectItem] = []
     findings: list[Finding] = []
     try:
         entries = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.endswith(".sync"))
     except OSError as e:
-        return (), (), [Finding(read_code(e, "CK113"), f"zarr checkpoint dir unreadable: {e.strerror or e}", None,
-                                label)]
+        return ChunkTable.empty(), (), [Finding(read_code(e, "CK113"), f"zarr checkpoint dir unreadable: {e.strerror or e}",
+                                                None, label)]
     for d in entries:
         if probe_dir(d) is not None:
             continue  # an array dir this user may not list or enter: CK209 (noted), its chunks unknown, not missing
@@ -68,10 +69,10 @@ def read_zarr_arrays(path: Path, label: str) -> tuple[tuple[Tensor, ...], tuple[
             size = regular_size(d / name) or 0  # an object in a bucket has no stat(): the listing's size
             objects.append(ObjectItem(f"{d.name}/{name[:-3]}", d.name, off, grid,
                                       StoredItem(f"{d.name}/{name}", 0, size)))
-    return tuple(tensors), tuple(objects), findings
+    return ChunkTable.of(tensors), tuple(objects), findings
 
 
-def _array(d: Path, label: str, findings: list[Finding]) -> Tensor | None:
+def _array(d: Path, label: str, findings: list[Finding]) -> TensorEntry | None:
     key = d.name
     try:
         meta = json.loads(read_small(d / ZARRAY, 1 << 20).decode("utf-8"))
@@ -102,7 +103,7 @@ def _array(d: Path, label: str, findings: list[Finding]) -> Tensor | None:
         # uncompressed chunks are exactly `full` bytes; with a compressor the length is whatever is on disk
         length = full if not compressed else _size(d / name)
         out.append(Chunk(offsets, sizes, StoredItem(f"{key}/{name}", 0, length)))
-    return Tensor(key, shape, dtype, tuple(out))
+    return TensorEntry(key, shape, dtype, tuple(out))
 
 
 def _size(p: Path) -> int:

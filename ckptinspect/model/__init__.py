@@ -4,13 +4,18 @@ key belongs to (`components.py`).
 
 Frozen, slotted dataclasses of plain Python types (tuples of ints, dtype names as `str`). Readers translate their
 format's objects into these at their boundary; nothing here knows about pickles, torch or Megatron classes.
+
+Modules: this one (formats, enums, `StoredItem`, `Chunk`, `Tensor`, `ObjectItem`, `FileInfo`, `Topology`,
+`Checkpoint`); `chunk_table.py` (`ChunkTable`, the one store of every chunk of a checkpoint, as columns:
+`Checkpoint.tensors` are its `Tensor` views and each `Tensor.chunks` a read-only view of its rows).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ckptinspect.findings import Finding
 
 if TYPE_CHECKING:
-    from ckptinspect.model.chunk_table import ChunkTable
+    from ckptinspect.model.chunk_table import ChunkTable, TableChunks
 
 
 class StrEnum(str, enum.Enum):
@@ -137,8 +142,9 @@ class Tensor:
     key: the name on disk (a DCP fqn, a Megatron ShardedTensor key, or a legacy state-dict path).
     shape: the global shape, as stored (Megatron 0.8–0.15 N-D reformulated tensors keep their on-disk shape).
     dtype: torch dtype name without the ``torch.`` prefix.
-    chunks: stored pieces; for a legacy per-rank file one chunk that is the whole local tensor. A streamed DCP
-      checkpoint gives a view of its `ChunkTable` (`chunk_table.TableChunks`: `Chunk`s made on access).
+    chunks: its stored pieces, a read-only view of its rows in the checkpoint's `ChunkTable` (the one chunk store;
+      `chunk_table.TableChunks`: `Chunk`s made on access); for a legacy per-rank file one chunk that is the whole
+      local tensor. Tensors are made by `ChunkTable.tensors`, never by a reader.
     shard: for legacy files, the shard dir it came from (``mp_rank_01_000``); None for global formats.
     orig_shape: the original shape of an N-D reformulated tensor (`mcore_data`), else None.
     """
@@ -146,7 +152,7 @@ class Tensor:
     key: str
     shape: tuple[int, ...]
     dtype: str
-    chunks: Sequence[Chunk]
+    chunks: TableChunks
     shard: str | None = None
     orig_shape: tuple[int, ...] | None = None
 
@@ -162,7 +168,7 @@ class Tensor:
     @property
     def stored_bytes(self) -> int:
         """Bytes the chunks occupy on disk, archive overhead included."""
-        return sum(c.storage.length for c in self.chunks if c.storage is not None)
+        return self.chunks.stored_bytes()
 
     @property
     def reformulated_local(self) -> tuple[int, ...] | None:
@@ -265,6 +271,14 @@ def frozen2(d: Mapping[K, Mapping[str, V]]) -> Mapping[K, Mapping[str, V]]:
     return d if isinstance(d, MappingProxyType) else MappingProxyType({k: frozen(v) for k, v in d.items()})
 
 
+@functools.cache
+def _empty_table() -> ChunkTable:
+    """The table of a checkpoint without tensors (one, shared: a table is never changed)."""
+    from ckptinspect.model.chunk_table import ChunkTable
+
+    return ChunkTable.empty()
+
+
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     """One checkpoint (an ``iter_*`` dir, a DCP ``step-*`` dir, a legacy iteration dir).
@@ -278,7 +292,8 @@ class Checkpoint:
     format: its format, or None when unrecognized.
     generation: producer generation, e.g. ``megatron-core<=0.18 (common.pt)``; None when unknown.
     iteration: from the common state / dir name, or None.
-    tensors / objects / files: the content.
+    tensors: the tensors, made by `table` (a property: `table` is the one store).
+    objects / files: the content.
     args: the training args as a plain dict (Megatron's `argparse.Namespace`), or None.
     common: the rest of the common state, plain data (``iteration``, ``content_metadata``, ...), or None.
     topology: TP/PP/DP/CP/EP/ETP/VPP/world size.
@@ -297,8 +312,9 @@ class Checkpoint:
         and no prediction reads it.
     All mappings are read-only (`types.MappingProxyType`): the model is built once and never changed; a reader or
     stack that adds a fact builds a new checkpoint (`dataclasses.replace`) from a copy.
-    table: every chunk of `tensors` as columns (DCP formats; `tensors[t].chunks` are views of its rows), so checks
-      run vectorised over millions of chunks; None for formats without one (legacy).
+    table: every tensor and chunk as columns (`ChunkTable`; `tensors[t].chunks` are views of its rows), so checks
+      run vectorised over millions of chunks; every reader fills it (legacy: one row per tensor), empty without
+      tensors.
     rank_metadata: DCP per-rank metadata (`dcp.save(..., use_collectives=False)`): the `__R.metadata` files read and
       merged (`formats/dcp/ranks.py`); every rank loads its own, so chunks several ranks wrote at the same place are
       replicas, not overlaps. Empty for a checkpoint with one `.metadata`.
@@ -313,7 +329,6 @@ class Checkpoint:
     format: Format | None
     generation: str | None = None
     iteration: int | None = None
-    tensors: tuple[Tensor, ...] = ()
     objects: tuple[ObjectItem, ...] = ()
     files: tuple[FileInfo, ...] = ()
     args: Mapping[str, Any] | None = None
@@ -327,7 +342,7 @@ class Checkpoint:
     shard_files: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: frozen({}))
     shard_args: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: frozen({}))
     reformulated: tuple[str, ...] = ()
-    table: ChunkTable | None = None
+    table: ChunkTable = field(default_factory=_empty_table)
     sharded_backend: ShardedBackend | None = None
     rank_metadata: tuple[str, ...] = ()
     raw_tensor_items: bool = False
@@ -347,6 +362,10 @@ class Checkpoint:
         set_(self, "layout", frozen(self.layout))
         set_(self, "shard_files", frozen(self.shard_files))
         set_(self, "shard_args", frozen2(self.shard_args))
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        return self.table.tensors
 
     @property
     def data_bytes(self) -> int:

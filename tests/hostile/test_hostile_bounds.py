@@ -26,7 +26,8 @@ from ckptinspect.commands.scan.scan import scan_path
 from ckptinspect.checks.coverage import tensor_coverage
 from ckptinspect.cli.app import app
 from ckptinspect.findings import Status
-from ckptinspect.model import Chunk, StoredItem, Tensor
+from ckptinspect.model import Chunk, StoredItem
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 from ckptinspect.pickling.walk import walk_pickle, walk_stream
 from hostile_samples import relay_item, torch_save_bytes, write_zip, zip_entries
 
@@ -134,12 +135,30 @@ def test_absurd_tensor_shapes_in_metadata(shape: tuple[int, ...], ckpt: Path) ->
     assert docs["audit"]["status"] == "corrupt"
 
 
+def test_chunk_offsets_and_sizes_of_different_lengths(ckpt: Path) -> None:
+    # torch's ChunkStorageMetadata with one more size than offsets: the streaming reader falls back to the reference
+    # reader, whose chunks go into the chunk table (one row = one number of axes): a malformed .metadata (CK106),
+    # not a traceback.
+    import torch
+
+    with open(ckpt / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    key = next(k for k, v in md.state_dict_metadata.items() if getattr(v, "chunks", None))
+    chunk = md.state_dict_metadata[key].chunks[0]
+    chunk.sizes = torch.Size([*chunk.sizes, 1])
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    docs = assert_clean_json_runs(ckpt)
+    assert docs["audit"]["status"] == "corrupt"
+    assert any(f["code"] == "CK106" for f in docs["audit"]["findings"])
+
+
 def test_coverage_sums_never_wrap_int64() -> None:
     # An irregular 2-D grid (fallback path) of a 2**62-element tensor with only HALF of it stored: four chunks of
     # 2**60 elements whose int64 volume sum would wrap to zero difference.
     dim = 1 << 31
     chunks = [Chunk((0, i * (dim // 4)), (dim, dim // 4), StoredItem("f", 0, 1)) for i in range(2)]
-    t = Tensor("w", (dim, dim), "float32", tuple(chunks))
+    t = ChunkTable.of([TensorEntry("w", (dim, dim), "float32", chunks)]).tensors[0]
     cov = tensor_coverage(t)
     assert cov.gap == dim * dim // 2 and not cov.ok
 
@@ -165,7 +184,7 @@ def test_irregular_grid_fallback_is_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(coverage, "MAX_PAIR_CHECKS", cap)
     monkeypatch.setattr(coverage, "all", counting_all, raising=False)
     chunks = [Chunk((i, (i * 7919) % 1000), (n, 1), None) for i in range(n)]
-    t = Tensor("w", (2 * n, 1000), "float32", tuple(chunks))
+    t = ChunkTable.of([TensorEntry("w", (2 * n, 1000), "float32", chunks)]).tensors[0]
     cov = tensor_coverage(t, check_storage=False)
     assert compared > cap + n  # the grid really needs more than the cap: the bound is what stopped it
     assert not cov.exact

@@ -56,7 +56,6 @@ def _table_bytes(ckpt: Checkpoint, acc: dict[tuple[str, str], int]) -> None:
     from ckptinspect.checks.columns import chunk_tensor_ids
 
     table = ckpt.table
-    assert table is not None
     comp_of_tensor = np.array([COMPONENTS.index(component_of(k)) for k in table.keys], dtype=np.int64)
     rows = np.flatnonzero(table.file_id >= 0)
     if not len(rows):
@@ -74,23 +73,11 @@ def summarize(ckpt: Checkpoint) -> Summary:
     by_component = dict.fromkeys(COMPONENTS, 0)
     # (file, component) -> bytes; the component is decided once per tensor, not per chunk
     acc: dict[tuple[str, str], int] = defaultdict(int)
-    chunks = 0
     dtypes: dict[str, dict[str, int]] = {}
     for t in ckpt.tensors:
         per = dtypes.setdefault(component_of(t.key), {})
         per[t.dtype] = per.get(t.dtype, 0) + 1
-    table = ckpt.table
-    if table is not None and len(ckpt.tensors) == table.n_tensors:
-        chunks = table.n_chunks
-        _table_bytes(ckpt, acc)
-    else:
-        for t in ckpt.tensors:
-            comp = component_of(t.key)
-            chunks += len(t.chunks)
-            for c in t.chunks:
-                st = c.storage
-                if st is not None:
-                    acc[(st.file, comp)] += st.length
+    _table_bytes(ckpt, acc)
     for o in ckpt.objects:
         if o.storage is not None:
             acc[(o.storage.file, component_of(o.key))] += o.storage.length
@@ -103,7 +90,7 @@ def summarize(ckpt: Checkpoint) -> Summary:
         if m:
             by_rank[int(m.group(1))][comp] += n
     return Summary(
-        tensors=len(ckpt.tensors), chunks=chunks, objects=len(ckpt.objects), files=len(ckpt.files),
+        tensors=len(ckpt.tensors), chunks=ckpt.table.n_chunks, objects=len(ckpt.objects), files=len(ckpt.files),
         bytes=ckpt.data_bytes, payload_bytes=sum(t.nbytes for t in ckpt.tensors),
         by_component=by_component, by_rank=dict(by_rank), by_file=dict(sorted(by_file.items())),
         dtypes={c: dict(sorted(dtypes[c].items())) for c in COMPONENTS if c in dtypes},

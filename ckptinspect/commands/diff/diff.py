@@ -25,7 +25,6 @@ from typing import Any
 from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.errors import UNREAD_CODE, ReadError
 from ckptinspect.formats import read_checkpoint
-from ckptinspect.model.chunk_table import TableChunks
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor
 from ckptinspect.commands.diff.values import ChunkSource, ValueComparison, compare_tensor_values, supported
 from ckptinspect.commands.diff.args import ArgDiff, categorize, diff_args, diff_meta
@@ -117,11 +116,11 @@ def _layout(t: Tensor) -> dict[str, Any]:
 
 
 def _same_chunks(x: Tensor, y: Tensor) -> bool:
-    """Same chunk geometry; from the chunk tables' columns when both sides have one (no object per chunk)."""
-    if isinstance(x.chunks, TableChunks) and isinstance(y.chunks, TableChunks):
-        gx, gy = x.chunks.geometry(), y.chunks.geometry()
-        if gx is not None and gy is not None:
-            return gx == gy
+    """Same chunk geometry, from the chunk tables' columns (no object per chunk; objects only for a tensor whose
+    chunks have different numbers of axes)."""
+    gx, gy = x.chunks.geometry(), y.chunks.geometry()
+    if gx is not None and gy is not None:
+        return gx == gy
     return sorted((c.offsets, c.sizes) for c in x.chunks) == sorted((c.offsets, c.sizes) for c in y.chunks)
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats.files import list_files, regular_size
-from ckptinspect.formats.dcp.table import table_from_tensors
 from ckptinspect.formats.safetensors_header import DTYPES, Header, read_header
-from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Tensor, Topology, dtype_size
+from ckptinspect.model import Checkpoint, Chunk, Format, StoredItem, Topology, dtype_size
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 from ckptinspect.io.local import file_size, open_regular, read_small
 
 INDEX = "model.safetensors.index.json"
@@ -108,13 +108,12 @@ def read_hf(path: Path, label: str) -> Checkpoint:
             chunks.setdefault(ent.name, []).append(
                 Chunk(offs, ent.shape, StoredItem(f.name, ent.begin, ent.end - ent.begin)))
     findings.extend(_index_findings(path, label, {f.name for f in files}))
-    tensors = [Tensor(k, tuple(shapes[k]), dtypes[k], tuple(c)) for k, c in chunks.items()]
-    table = table_from_tensors(tensors, {})
+    table = ChunkTable.of(TensorEntry(k, tuple(shapes[k]), dtypes[k], c) for k, c in chunks.items())
     ranks = {f.name.split("-", 2)[1] for f in files if "/" not in f.name and f.name.startswith("shard-")}
     return Checkpoint(
         path=label, format=Format.TORCH_DCP,
         generation="torch.distributed.checkpoint HuggingFaceStorageWriter (safetensors)",
-        tensors=table.tensor_views(), files=files, findings=tuple(findings), table=table, raw_tensor_items=True,
+        files=files, findings=tuple(findings), table=table, raw_tensor_items=True,
         topology=Topology(world_size=len(ranks) or None,
                           sources={"world_size": "shard-<rank> file names"} if ranks else {}),
         extra={"hf_index": (path / INDEX).exists()},

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.formats.dcp.names import RECORDS, RECORDS_DISCARDING_PLANS
-from ckptinspect.formats.dcp.table import table_from_tensors
-from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.pickling.unpickle import CRec, Obj, PickleReport, Rec, load_pickle, no_gc
 from ckptinspect.model import Chunk, ObjectItem, StoredItem, Tensor
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 
 _SHARD_KEY = re.compile(r"^(?P<family>.*)/shard_(?P<offset>-?\d+(?:\.-?\d+)*)_(?P<shape>-?\d+(?:\.-?\d+)*)$")
 
@@ -57,13 +56,9 @@ class DcpMetadata:
     unknown_attrs: tuple[str, ...]
     storage_without_metadata: int
     report: PickleReport
-    table: ChunkTable = field(compare=False)
+    table: ChunkTable = field(compare=False)  # the one chunk store; `tensors` are its `tensors`
     fallback: str | None = field(default=None, compare=False)
 
-    def with_chunk_objects(self) -> DcpMetadata:
-        """The same metadata with one `Chunk` object per chunk (the reference's shape): for tests comparing the two
-        readers, and callers that want objects."""
-        return replace(self, tensors=self.table.to_tensors())
 
 
 def parse_shard_key(key: str) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
@@ -185,7 +180,7 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
             if isinstance(v, dict) and "nd_reformulated_orig_global_shape" in v:
                 mcore_data[str(k)] = tuple(int(x) for x in v["nd_reformulated_orig_global_shape"])
 
-    tensors: list[Tensor] = []
+    tensors: list[TensorEntry] = []
     objects: list[ObjectItem] = []
     get = storage.get
     for key, md in state["state_dict_metadata"].items():
@@ -215,7 +210,7 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
                 raise ValueError(f"chunk of {key[:200]!r} has {len(offs)} offsets and {len(sizes)} sizes: "
                                  "chunk offsets and sizes differ in length")
             chunks.append(Chunk(offs, sizes, get((key, offs))))
-        tensors.append(Tensor(key, size, _dtype(mst.get("properties")), tuple(chunks), None, mcore_data.get(key)))
+        tensors.append(TensorEntry(key, size, _dtype(mst.get("properties")), chunks, None, mcore_data.get(key)))
         if isinstance(raw_chunks, list):
             raw_chunks.clear()
 
@@ -227,10 +222,11 @@ def _convert(root: Any, state: dict[str, Any], report: PickleReport) -> DcpMetad
     unknown = tuple(sorted(k for k in state if k not in KNOWN_ATTRS and not str(k).startswith("_")))
     seen = {t.key for t in tensors} | {o.key for o in objects}
     orphans = sum(1 for fqn, _ in storage if fqn not in seen)
+    table = ChunkTable.of(tensors)
     return DcpMetadata(
-        tuple(tensors), tuple(objects), planner_keys, rank_items, mcore_data,
+        table.tensors, tuple(objects), planner_keys, rank_items, mcore_data,
         str(version) if version is not None else None, checkpoint_id, getattr(root, "qualname", "?"), unknown,
-        orphans, report, table_from_tensors(tensors, mcore_data),
+        orphans, report, table,
     )
 
 

@@ -28,10 +28,10 @@ from pathlib import Path
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.formats.files import pickle_findings
-from ckptinspect.formats.dcp.table import table_from_tensors
 from ckptinspect.formats.dcp.metadata import DcpMetadata
 from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.model import Chunk, ObjectItem, Tensor
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 from ckptinspect.pickling.unpickle import PickleReport
 from ckptinspect.io.objpath import ObjectPath
 
@@ -140,8 +140,7 @@ def read_rank_metadata(path: Path, rf: RankFiles, label: str) -> tuple[DcpMetada
         objects.extend(md.objects)
     if first is None:
         return None, findings
-    tensors = [Tensor(t.key, t.shape, t.dtype, tuple(chunks[t.key])) for t in merged.values()]
-    table = table_from_tensors(tensors, {})
-    md = DcpMetadata(table.tensor_views(), tuple(objects), first.planner_keys, (), {}, first.version,
+    table = ChunkTable.of(TensorEntry(t.key, t.shape, t.dtype, chunks[t.key]) for t in merged.values())
+    md = DcpMetadata(table.tensors, tuple(objects), first.planner_keys, (), {}, first.version,
                      first.checkpoint_id, first.root_class, first.unknown_attrs, 0, report, table)
     return md, findings

@@ -18,6 +18,7 @@ from ckptinspect.formats.dcp.metadata import DcpMetadata
 from ckptinspect.formats.dcp.ranks import rank_files, read_rank_metadata
 from ckptinspect.formats.dcp.stream import SeenMetadata, read_metadata
 from ckptinspect.model import Checkpoint, FileInfo, Format, Topology
+from ckptinspect.model.chunk_table import ChunkTable
 
 METADATA = ".metadata"
 
@@ -87,14 +88,13 @@ def read_dcp(path: Path, label: str, seen: SeenMetadata | None = None, *,
         generation="torch.distributed.checkpoint" + (f" (metadata version {md.version})" if md and md.version else "")
         + (f", per-rank metadata of {len(d.rank_metadata)} rank(s) (use_collectives=False)" if d.rank_metadata else ""),
         iteration=_iteration_from_name(path.name),
-        tensors=md.tensors if md else (),
         objects=md.objects if md else (),
         files=d.files,
         topology=Topology(world_size=world, sources={"world_size": "data file names"} if world else {}),
         rank_items=md.rank_items if md else (),
         findings=d.findings,
         extra=extra,
-        table=md.table if md else None,
+        table=md.table if md else ChunkTable.empty(),
         rank_metadata=d.rank_metadata,
     )
 

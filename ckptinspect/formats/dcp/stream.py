@@ -128,7 +128,7 @@ def _read(f: IO[bytes], report: PickleReport, fast: bool, fast_from: int) -> Dcp
                         f"to {MAX_PICKLE_BYTES} bytes", "CK603")
     md = read_dcp_metadata(f, report)
     # as the streamed result: tensors are views of the table (the reference's chunk objects are dropped here)
-    return replace(md, tensors=md.table.tensor_views(), fallback=why)
+    return replace(md, tensors=md.table.tensors, fallback=why)
 
 
 def _state(o: Any) -> dict[Any, Any] | None:
@@ -202,7 +202,7 @@ def _finish(root: Any, w: Walker) -> DcpMetadata:
     if any(type(k) is not str for k in unknown):
         raise Fallback("root attribute names")
     return DcpMetadata(
-        table.tensor_views(), tuple(objects), planner_keys, _rank_items(state.get("all_local_plans")), mcore_data,
+        table.tensors, tuple(objects), planner_keys, _rank_items(state.get("all_local_plans")), mcore_data,
         str(version) if version is not None else None, cid, root.cls.qual, unknown, orphans, w.report, table,
     )
 

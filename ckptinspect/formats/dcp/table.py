@@ -13,7 +13,7 @@ from typing import Any
 
 from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.formats.dcp.vm_eval import Sink
-from ckptinspect.model import StoredItem, Tensor
+from ckptinspect.model import StoredItem
 
 # numpy is imported where a table is built, not with the package (sniff / ls / --version stay quick).
 
@@ -224,49 +224,3 @@ def _lookup(uniq: Any, last: Any, q: Any) -> Any:
     del pos
     out[miss] = -1
     return out
-
-
-def table_from_tensors(tensors: Sequence[Tensor], orig_shapes: Mapping[str, tuple[int, ...]]) -> ChunkTable:
-    """A `ChunkTable` of model tensors (what the reference reader built)."""
-    import numpy as np
-
-    I64 = np.int64
-    files: dict[str, int] = {}
-    t_nd: list[int] = []
-    shapes: list[int] = []
-    lens: list[int] = []
-    c_nd: list[int] = []
-    offs: list[int] = []
-    sizes: list[int] = []
-    fid: list[int] = []
-    pos: list[int] = []
-    length: list[int] = []
-    transforms: dict[int, tuple[str, ...]] = {}
-    for t in tensors:
-        t_nd.append(len(t.shape))
-        shapes.extend(t.shape)
-        lens.append(len(t.chunks))
-        for c in t.chunks:
-            if len(c.offsets) != len(c.sizes):
-                raise ValueError("chunk offsets and sizes differ in length")
-            c_nd.append(len(c.offsets))
-            offs.extend(c.offsets)
-            sizes.extend(c.sizes)
-            s = c.storage
-            if s is None:
-                fid.append(-1)
-                pos.append(0)
-                length.append(0)
-            else:
-                fid.append(files.setdefault(s.file, len(files)))
-                pos.append(s.offset)
-                length.append(s.length)
-                if s.transforms:
-                    transforms[len(fid) - 1] = s.transforms
-    return ChunkTable(
-        tuple(t.key for t in tensors), tuple(t.dtype for t in tensors), _starts(np.array(t_nd, dtype=I64)),
-        np.array(shapes, dtype=I64), _starts(np.array(lens, dtype=I64)), _starts(np.array(c_nd, dtype=I64)),
-        np.array(offs, dtype=I64), np.array(sizes, dtype=I64), np.array(fid, dtype=np.int32),
-        np.array(pos, dtype=I64), np.array(length, dtype=I64), tuple(files), transforms,
-        {t.key: t.orig_shape for t in tensors if t.orig_shape is not None},
-    )

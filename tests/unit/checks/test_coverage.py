@@ -9,6 +9,7 @@ import pytest
 from ckptinspect.checks.coverage import tensor_coverage
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Chunk, StoredItem, Tensor
+from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "sample_ckpts" / "mcore_0_19_2" / "iter_0000400"
@@ -16,7 +17,8 @@ _ITEM = StoredItem("__0_0.distcp", 0, 1)
 
 
 def tensor(shape: tuple[int, ...], *boxes: tuple[tuple[int, ...], tuple[int, ...]], storage: bool = True) -> Tensor:
-    return Tensor("t", shape, "float32", tuple(Chunk(o, s, _ITEM if storage else None) for o, s in boxes))
+    chunks = [Chunk(o, s, _ITEM if storage else None) for o, s in boxes]
+    return ChunkTable.of([TensorEntry("t", shape, "float32", chunks)]).tensors[0]
 
 
 def test_regular_2d_grid_is_exact() -> None:

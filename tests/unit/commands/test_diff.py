@@ -274,7 +274,7 @@ def test_single_flipped_float_is_found(tmp_path: Path) -> None:
 
 def test_args_missing_on_one_side() -> None:
     ckpt = read_checkpoint(FIXTURE_019 / "iter_0000400", "a")
-    bare = Checkpoint(path="b", format=ckpt.format, tensors=ckpt.tensors, objects=ckpt.objects)
+    bare = Checkpoint(path="b", format=ckpt.format, table=ckpt.table, objects=ckpt.objects)
     r = diff_checkpoints(ckpt, bare)
     assert r.args == () and any("B has no training args" in n for n in r.notes)
     assert not r.identical and r.tensors.empty

@@ -21,6 +21,7 @@ from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.errors import UsageError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Checkpoint, Format
+from ckptinspect.model.chunk_table import ChunkTable
 from ckptinspect.render.resume_text import render_resume
 from ckptinspect.commands.resume import (
     RULES, Component, ComponentPrediction, Outcome, ResumePrediction, ResumeTarget, Verdict, predict_resume,
@@ -207,7 +208,7 @@ def test_checkpoint_without_optimizer() -> None:
     --no-load-optim or --finetune'; with --no-load-optim nothing is asked for, so it is absent."""
     base = ckpt("fixture")
     c = with_common(with_args(base, no_save_optim=True), optimizer=_DROP, opt_param_scheduler=_DROP)
-    c = replace(c, tensors=tuple(t for t in c.tensors if not t.key.startswith("optimizer.")),
+    c = replace(c, table=ChunkTable.of(t for t in c.tensors if not t.key.startswith("optimizer.")),
                 objects=tuple(o for o in c.objects if not o.family.startswith("optimizer.")), optimizer_sharding=None)
     p = predict(c, tp=2, pp=2, dp=2)
     assert outcomes(p)[O] is Outcome.FAILS and "--no-load-optim" in p.components[O].reason

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import ckptinspect
 from ckptinspect.cli.app import app
 from ckptinspect.render.frames import FORMULA_STARTS, inert_cell, number_cell, write_tensor_csv
+from ckptinspect.model.chunk_table import ChunkTable
 from hostile_samples import write_zip, zip_entries
 
 REPO = Path(__file__).resolve().parents[3]
@@ -73,7 +74,7 @@ def test_every_text_column_is_neutralised(tmp_path: Path) -> None:
         else:
             tensors[i] = dataclasses.replace(t, shape=(-3, 4))  # the text "-3x4"
     out = tmp_path / "t.csv"
-    n = write_tensor_csv(dataclasses.replace(ckpt, tensors=tuple(tensors)), out)
+    n = write_tensor_csv(dataclasses.replace(ckpt, table=ChunkTable.of(tensors)), out)
     table = rows(out)
     assert n == len(table) == len(tensors)
     assert_inert(table)
