@@ -27,7 +27,12 @@ from corpus import CASES, Case, Ctx, missing_source
 from s3_server import S3Server, s3_server, upload  # noqa: F401 - the fixture
 
 NOT_IN_OBJECT_STORAGE = {"empty_dir": "a prefix with no objects does not exist in object storage",
-                         "inflight_empty_iteration_dir": "a prefix with no objects does not exist in object storage"}
+                         "inflight_empty_iteration_dir": "a prefix with no objects does not exist in object storage",
+                         # the legacy and tracker age rules read file modification times, which objects do not give
+                         # the rule, and an object appears whole, never mid-write: from a bucket these are the stale
+                         # verdicts (CK110 / CK206, CK502), asserted by test_inflight_age_rule_from_a_bucket below
+                         "inflight_legacy_next_save": "the age rule needs modification times",
+                         "inflight_tracker_empty": "the age rule needs modification times"}
 
 
 def _in_ci_run(case: Case) -> bool:
@@ -95,3 +100,19 @@ def test_same_verdict_from_object_storage(case: Case, tmp_path: Path, s3_server:
         assert doc["storage"]["requests"] > 0 and doc["storage"]["retries"] == 0
         assert doc["path"] == url
     assert not ctx.marker.exists(), "a pickle from the checkpoint was executed"
+
+
+@pytest.mark.parametrize("name, codes", [("inflight_legacy_next_save", {"CK110", "CK206"}),
+                                         ("inflight_tracker_empty", {"CK502"})])
+def test_inflight_age_rule_from_a_bucket(name: str, codes: set[str], tmp_path: Path,
+                                         s3_server: S3Server) -> None:  # noqa: F811
+    """Locally these saves are fresh, so in progress (CK132 / CK133); from a bucket no modification time reaches the
+    age rule and an object is never half-uploaded, so they read as what they would be once stale: a broken legacy
+    save and an unparseable tracker (never `complete` while a verdict-deciding file is broken)."""
+    case = next(c for c in CASES if c.name == name)
+    ctx, path = build_case(case, tmp_path)
+    upload(s3_server, ctx.work, f"acceptance-age/{name}")
+    url = s3_server.url(f"acceptance-age/{name}/{path.relative_to(ctx.work).as_posix()}")
+    code, doc, _ = audit(url, case.flags)
+    found = {f["code"] for f in doc["findings"]}
+    assert codes <= found and not found & {"CK132", "CK133"}, doc["findings"]
