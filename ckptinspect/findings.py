@@ -274,5 +274,5 @@ def fail_severity(fail_on: FailOnLike) -> Severity | None:
     if fail_on == "never":
         return None
     if fail_on in ("error", "warning", "info"):
-        return Severity(str(fail_on.value if isinstance(fail_on, FailOn) else fail_on))
+        return Severity(fail_on.value if isinstance(fail_on, FailOn) else fail_on)
     raise ValueError(f"fail_on={fail_on!r}: expected 'error', 'warning' or 'never'")

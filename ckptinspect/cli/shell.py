@@ -200,11 +200,10 @@ def progress_bar(enabled: bool, description: str, mode: ProgressMode = ProgressM
         yield hook
 
 
-def only(output: Output, allowed: Iterable[str | Output]) -> None:
+def only(output: Output, allowed: tuple[str, ...]) -> None:
     """Exit 2 before any work when the command's result does not render in `output` (`allowed`: its `OUTPUTS`)."""
-    names = [a.value if isinstance(a, Output) else a for a in allowed]
-    if output.value not in names:
-        usage_exit(f"--output {output.value} is not available for this command (use {' | '.join(names)})")
+    if output.value not in allowed:
+        usage_exit(f"--output {output.value} is not available for this command (use {' | '.join(allowed)})")
 
 
 def emit_result(result: Any, output: Output, **text_options: Any) -> None:
