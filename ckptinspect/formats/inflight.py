@@ -45,6 +45,7 @@ from itertools import islice
 from pathlib import Path
 
 from ckptinspect.io.local import read_small
+from ckptinspect.io.objpath import ObjectPath
 
 GRACE_SECONDS = 120.0  # default: far above a marker's write (microseconds), above NFS attribute caching (≤60 s)
 GRACE_ENV = "CKPTINSPECT_WRITE_GRACE_SECONDS"
@@ -133,8 +134,10 @@ class Age:
 def newest_mtime(path: Path) -> float | None:
     """The newest modification time of `path` and its top-level entries, and of the entries of its legacy
     `mp_rank_*` shard dirs (a legacy save writes its files there: a growing `model_optim_rng.pt` changes no
-    top-level time); other sub-dirs are not entered. None where there are no times to read (an object-storage
-    prefix: its listing carries none)."""
+    top-level time); other sub-dirs are not entered. On object storage the same from the listings: the objects'
+    last-modified times (a prefix has none of its own). None where there are no times to read."""
+    if isinstance(path, ObjectPath):
+        return _object_times(path)
     times: list[float] = []
     try:
         times.append(path.stat().st_mtime)
@@ -147,6 +150,24 @@ def newest_mtime(path: Path) -> float | None:
                 except OSError:
                     continue
     except (OSError, TypeError):  # TypeError: `ObjectPath` has neither stat() nor a local path
+        pass
+    return max(times) if times else None
+
+
+def _object_times(path: ObjectPath) -> float | None:
+    """`newest_mtime` of a prefix: its objects' and its `mp_rank_*` sub-prefixes' objects' last-modified times (a
+    listing per prefix, which the store caches; at most `MAX_SHARD_ENTRIES` sub-prefix entries read)."""
+    times: list[float] = []
+    try:
+        for entry in path.iterdir():
+            if entry.name.startswith(SHARD_PREFIX) and entry.is_dir():
+                times.extend(t for t in (c.last_modified() for c in islice(entry.iterdir(), MAX_SHARD_ENTRIES))
+                             if t is not None)
+            else:
+                t = entry.last_modified()
+                if t is not None:
+                    times.append(t)
+    except OSError:  # a listing that failed: no times (the readers report the failure itself)
         pass
     return max(times) if times else None
 

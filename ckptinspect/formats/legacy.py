@@ -260,8 +260,13 @@ def with_save_in_progress(ckpt: Checkpoint, path: Path, megatron_context: bool) 
 
 def _being_written(path: Path, rel: str) -> bool:
     """Whether `rel` is a shard file (`mp_rank_*/<name>.pt`) holding what a `torch.save` in progress would have
-    written: nothing yet, or the first bytes of its zip archive."""
+    written: nothing yet, or the first bytes of its zip archive. Never an object: an upload appears whole, so a
+    short object is damage (CK206) however recent."""
     from ckptinspect.io.local import open_regular
+    from ckptinspect.io.objpath import ObjectPath
+
+    if isinstance(path, ObjectPath):
+        return False
 
     parts = rel.split("/")
     if len(parts) != 2 or parse_shard_dir(parts[0]) is None or not parts[1].endswith(".pt"):

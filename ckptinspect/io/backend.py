@@ -45,11 +45,38 @@ class ObjectInfo:
     name: the last segment of the key.
     size: bytes.
     etag: the ETag (S3, Azure) or generation (GCS) as the server returned it; None when the backend has none.
+    mtime: the last-modified time (POSIX seconds, the server's clock) when the backend gave one: the age rule of
+    `formats/inflight.py` reads it for a save being uploaded; an object itself appears whole, never mid-write.
     """
 
     name: str
     size: int
     etag: str | None
+    mtime: float | None = None
+
+
+def posix_time(value: object) -> float | None:
+    """A listing's last-modified value as POSIX seconds: a `datetime` (boto3, s3fs, adlfs, MSC), an ISO-8601 string
+    (gcsfs' `updated`) or a number; None for anything else (never an error: the time only informs the age rule)."""
+    from datetime import datetime, timezone
+
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        try:
+            return value.timestamp()
+        except (OverflowError, OSError, ValueError):
+            return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +100,8 @@ def s3_list_page(page: Mapping[str, Any], prefix: str) -> tuple[Listing, str | N
         base = str(e.get("Key", ""))[len(prefix):]
         if base and "/" not in base:
             etag = e.get("ETag")
-            files[base] = ObjectInfo(base, int(e.get("Size") or 0), str(etag) if etag not in (None, "") else None)
+            files[base] = ObjectInfo(base, int(e.get("Size") or 0), str(etag) if etag not in (None, "") else None,
+                                     posix_time(e.get("LastModified")))
     for e in page.get("CommonPrefixes", ()):
         base = str(e.get("Prefix", ""))[len(prefix):].rstrip("/")
         if base and "/" not in base:

@@ -25,7 +25,7 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ckptinspect.io.backend import Fault, Listing, ObjectInfo, s3_list_page
+from ckptinspect.io.backend import Fault, Listing, ObjectInfo, posix_time, s3_list_page
 from ckptinspect.io.faults import classify
 
 LIST_PAGE_KEYS = 1000  # entries per S3 listing page (the API's maximum)
@@ -107,7 +107,8 @@ class Boto3Backend:
             if classify(exc) is Fault.MISSING:
                 return None
             raise
-        return ObjectInfo(key.rsplit("/", 1)[-1], int(e.get("ContentLength") or 0), _etag(e))
+        return ObjectInfo(key.rsplit("/", 1)[-1], int(e.get("ContentLength") or 0), _etag(e),
+                          posix_time(e.get("LastModified")))
 
     def read(self, key: str, start: int, end: int, etag: str | None) -> bytes:
         if end <= start:

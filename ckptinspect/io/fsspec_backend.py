@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ckptinspect.io.backend import Fault, Listing, ObjectInfo, s3_list_page
+from ckptinspect.io.backend import Fault, Listing, ObjectInfo, posix_time, s3_list_page
 from ckptinspect.io.faults import classify
 from ckptinspect.io.url import Scheme
 
@@ -34,6 +34,14 @@ POOL_CONNECTIONS = 32  # botocore's default is 10: more parallel reads than that
 _PROTOCOL = {Scheme.S3: "s3", Scheme.GS: "gcs", Scheme.GCS: "gcs", Scheme.AZ: "az", Scheme.ABFS: "abfs",
              Scheme.ABFSS: "abfs"}
 _AZURE = (Scheme.AZ, Scheme.ABFS, Scheme.ABFSS)
+
+
+def _mtime(entry: Mapping[str, Any]) -> float | None:
+    """The entry's last-modified time: s3fs `LastModified`, adlfs `last_modified`, gcsfs `updated` (or `mtime`)."""
+    for name in ("LastModified", "last_modified", "updated", "mtime"):
+        if entry.get(name) is not None:
+            return posix_time(entry[name])
+    return None
 
 
 def _etag(entry: Mapping[str, Any]) -> str | None:
@@ -117,7 +125,7 @@ class FsspecBackend:
             if e.get("type") == "directory":
                 dirs.add(base)
             else:
-                files[base] = ObjectInfo(base, int(e.get("size") or 0), _etag(e))
+                files[base] = ObjectInfo(base, int(e.get("size") or 0), _etag(e), _mtime(e))
         return Listing(files, frozenset(dirs))
 
     def head(self, key: str) -> ObjectInfo | None:
@@ -127,7 +135,7 @@ class FsspecBackend:
             return None
         if e.get("type") == "directory":
             return None
-        return ObjectInfo(key.rsplit("/", 1)[-1], int(e.get("size") or 0), _etag(e))
+        return ObjectInfo(key.rsplit("/", 1)[-1], int(e.get("size") or 0), _etag(e), _mtime(e))
 
     def read(self, key: str, start: int, end: int, etag: str | None) -> bytes:
         if end <= start:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ckptinspect.io.backend import Fault, Listing, ObjectInfo
+from ckptinspect.io.backend import Fault, Listing, ObjectInfo, posix_time
 from ckptinspect.io.faults import classify
 
 
@@ -43,7 +43,7 @@ class MscBackend:
             if getattr(m, "type", "file") == "directory":
                 dirs.add(base)
             else:
-                files[base] = ObjectInfo(base, int(m.content_length), m.etag)
+                files[base] = ObjectInfo(base, int(m.content_length), m.etag, posix_time(getattr(m, "last_modified", None)))
         return Listing(files, frozenset(dirs))
 
     def list_page(self, key: str, token: str | None) -> tuple[Listing, str | None]:
@@ -57,7 +57,8 @@ class MscBackend:
             return None
         if getattr(m, "type", "file") == "directory":
             return None
-        return ObjectInfo(key.rsplit("/", 1)[-1], int(m.content_length), m.etag)
+        return ObjectInfo(key.rsplit("/", 1)[-1], int(m.content_length), m.etag,
+                          posix_time(getattr(m, "last_modified", None)))
 
     def read(self, key: str, start: int, end: int, etag: str | None) -> bytes:
         from multistorageclient.types import Range

@@ -76,6 +76,12 @@ class ObjectPath(PosixPath):
     def object_info(self) -> ObjectInfo | None:
         return self.store.info(self.key) if self.key else None
 
+    def last_modified(self) -> float | None:
+        """The object's last-modified time (POSIX seconds, the server's clock) when the listing gave one; None for
+        a prefix or a backend without times."""
+        info = self.object_info()
+        return info.mtime if info is not None else None
+
     def exists(self, *, follow_symlinks: bool = True) -> bool:
         return self.is_dir() or self.object_info() is not None
 

@@ -22,6 +22,7 @@ from ckptinspect.io.session import nest, parse_option
 from ckptinspect.io.url import Scheme, split_url
 from conftest import SAMPLES
 from s3_server import FaultProxy, S3Server, proxy, s3_server, upload  # noqa: F401 - the fixtures
+from storage_times import mtimes_near_now
 
 TD2 = SAMPLES / "torch_dist" / "iter_0000002"
 
@@ -407,3 +408,27 @@ def test_a_second_pass_over_a_large_object_costs_no_second_transfer(s3_server: S
     with location(s3_server.url("big/.metadata")).open_reader(whole=True) as f:
         assert f.read(1 << 20) == blob[:1 << 20] and f.read() == blob[1 << 20:]
     assert dict(session.stats.snapshot().by_op)["get"] == 1
+
+
+def test_listings_carry_modification_times_with_every_s3_client(td2_url: str, s3_server: S3Server,  # noqa: F811
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ckptinspect.io.session import reset
+
+    for scheme in ("s3", "msc"):
+        reset()
+        mtimes_near_now(s3_server.url("unit/td2/iter_0000002", scheme))
+    monkeypatch.setitem(sys.modules, "boto3", None)  # s3fs
+    reset()
+    mtimes_near_now(td2_url)
+    reset()
+
+
+@pytest.mark.parametrize("value, want", [
+    ("2026-12-02T08:00:00Z", 1796198400.0), ("2026-12-02T08:00:00.000+00:00", 1796198400.0), (1796198400, 1796198400.0),
+    ("yesterday", None), (None, None), (True, None), (object(), None)])
+def test_listing_times_are_read_without_error(value: object, want: float | None) -> None:
+    from ckptinspect.io.backend import posix_time
+
+    assert posix_time(value) == want

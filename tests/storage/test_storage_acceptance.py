@@ -102,17 +102,21 @@ def test_same_verdict_from_object_storage(case: Case, tmp_path: Path, s3_server:
     assert not ctx.marker.exists(), "a pickle from the checkpoint was executed"
 
 
-@pytest.mark.parametrize("name, codes", [("inflight_legacy_next_save", {"CK110", "CK206"}),
-                                         ("inflight_tracker_empty", {"CK502"})])
-def test_inflight_age_rule_from_a_bucket(name: str, codes: set[str], tmp_path: Path,
+@pytest.mark.parametrize("name, codes, never, status", [
+    ("inflight_legacy_next_save", {"CK132", "CK206"}, {"CK110"}, "complete"),  # untracked: the tracked one decides
+    ("inflight_tracker_empty", {"CK502"}, {"CK133"}, "corrupt")])  # locally incomplete (being written)
+def test_inflight_age_rule_from_a_bucket(name: str, codes: set[str], never: set[str], status: str, tmp_path: Path,
                                          s3_server: S3Server) -> None:  # noqa: F811
-    """Locally these saves are fresh, so in progress (CK132 / CK133); from a bucket no modification time reaches the
-    age rule and an object is never half-uploaded, so they read as what they would be once stale: a broken legacy
-    save and an unparseable tracker (never `complete` while a verdict-deciding file is broken)."""
+    """Locally these saves are fresh, so in progress (CK132 / CK133). From a bucket the age rule reads the objects'
+    last-modified times from the listing (just uploaded: within the grace), so the legacy save still being
+    uploaded has its missing shard dir as CK132, not damage (CK110); but an object is never half-uploaded, so the
+    shard file cut short is damage (CK206) and the empty tracker is an empty tracker (CK502), not one being
+    written (CK133): never `complete` while a verdict-deciding file is broken."""
     case = next(c for c in CASES if c.name == name)
     ctx, path = build_case(case, tmp_path)
     upload(s3_server, ctx.work, f"acceptance-age/{name}")
     url = s3_server.url(f"acceptance-age/{name}/{path.relative_to(ctx.work).as_posix()}")
     code, doc, _ = audit(url, case.flags)
     found = {f["code"] for f in doc["findings"]}
-    assert codes <= found and not found & {"CK132", "CK133"}, doc["findings"]
+    assert codes <= found and not found & never, doc["findings"]
+    assert doc["status"] == status and code == (0 if status == "complete" else 1), (doc["status"], code)

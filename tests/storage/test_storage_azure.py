@@ -133,3 +133,11 @@ def test_blob_rewritten_after_the_listing_is_object_changed(scheme: str,
     azurite_server.fs.pipe_file(f"{azurite_server.container}/{key}", b"b" * 4096)
     with pytest.raises(ObjectChanged):
         path.open_reader(window=(1024, 16), keep=False).read(16)
+
+
+def test_azure_listings_carry_modification_times(azurite_server: AzuriteServer) -> None:  # noqa: F811
+    from conftest import SAMPLES
+    from storage_times import mtimes_near_now
+
+    upload_azure(azurite_server, SAMPLES / "torch_dist" / "iter_0000002", "times/td2")
+    mtimes_near_now(azurite_server.url("times/td2", "az"))

@@ -47,3 +47,12 @@ def test_manifest_verify_from_gcs(tmp_path: Path, gcs_server: GcsServer) -> None
         docs.append((r.exit_code, doc["status"], sorted((f["code"], f["subject"]) for f in doc["findings"]),
                      [(f["name"], f["actual"], f["ok"]) for f in doc["files"]]))
     assert docs[0] == docs[1] and docs[0][0] == 1 and "CK401" in {c for c, _ in docs[0][2]}, docs
+
+
+def test_gcs_listings_carry_modification_times(tmp_path: Path, gcs_server: GcsServer) -> None:  # noqa: F811
+    from storage_times import mtimes_near_now
+
+    from conftest import SAMPLES
+
+    upload_gcs(gcs_server, SAMPLES / "torch_dist" / "iter_0000002", "times/td2")
+    mtimes_near_now(gcs_server.url("times/td2"))
