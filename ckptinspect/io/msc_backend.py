@@ -20,6 +20,11 @@ from ckptinspect.io.backend import Fault, Listing, ObjectInfo, posix_time
 from ckptinspect.io.faults import classify
 
 
+def _mtime(meta: Any) -> float | None:
+    """An MSC `ObjectMetadata`'s last-modified time (None where the provider gives none)."""
+    return posix_time(getattr(meta, "last_modified", None))
+
+
 class MscBackend:
     """One MSC profile."""
 
@@ -43,7 +48,7 @@ class MscBackend:
             if getattr(m, "type", "file") == "directory":
                 dirs.add(base)
             else:
-                files[base] = ObjectInfo(base, int(m.content_length), m.etag, posix_time(getattr(m, "last_modified", None)))
+                files[base] = ObjectInfo(base, int(m.content_length), m.etag, _mtime(m))
         return Listing(files, frozenset(dirs))
 
     def list_page(self, key: str, token: str | None) -> tuple[Listing, str | None]:
@@ -57,8 +62,7 @@ class MscBackend:
             return None
         if getattr(m, "type", "file") == "directory":
             return None
-        return ObjectInfo(key.rsplit("/", 1)[-1], int(m.content_length), m.etag,
-                          posix_time(getattr(m, "last_modified", None)))
+        return ObjectInfo(key.rsplit("/", 1)[-1], int(m.content_length), m.etag, _mtime(m))
 
     def read(self, key: str, start: int, end: int, etag: str | None) -> bytes:
         from multistorageclient.types import Range

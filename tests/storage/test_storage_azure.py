@@ -19,8 +19,10 @@ from typer.testing import CliRunner
 from azurite_server import (ACCOUNT_KEY, AZURE_ENV_KEYS, AzuriteServer, azurite_server,  # noqa: F401 - the fixture
                              upload_azure)
 from ckptinspect.cli.app import app
+from conftest import SAMPLES
 from corpus import case_named
 from s3_server import free_port
+from storage_times import mtimes_near_now
 from test_storage_acceptance import audit, build_case, verdict
 
 # the same cases as tests/storage/test_storage_gcs.py: torch_dist is in the damaged ones, the flipped byte in `manifest verify`
@@ -136,8 +138,5 @@ def test_blob_rewritten_after_the_listing_is_object_changed(scheme: str,
 
 
 def test_azure_listings_carry_modification_times(azurite_server: AzuriteServer) -> None:  # noqa: F811
-    from conftest import SAMPLES
-    from storage_times import mtimes_near_now
-
     upload_azure(azurite_server, SAMPLES / "torch_dist" / "iter_0000002", "times/td2")
     mtimes_near_now(azurite_server.url("times/td2", "az"))

@@ -13,8 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli.app import app
+from conftest import SAMPLES
 from corpus import case_named
 from gcs_server import GcsServer, gcs_server, upload_gcs  # noqa: F401 - the fixture
+from storage_times import mtimes_near_now
 from test_storage_acceptance import audit, build_case, verdict
 
 # torch_dist is in the damaged cases; the flipped byte is in the `manifest verify` test
@@ -49,10 +51,6 @@ def test_manifest_verify_from_gcs(tmp_path: Path, gcs_server: GcsServer) -> None
     assert docs[0] == docs[1] and docs[0][0] == 1 and "CK401" in {c for c, _ in docs[0][2]}, docs
 
 
-def test_gcs_listings_carry_modification_times(tmp_path: Path, gcs_server: GcsServer) -> None:  # noqa: F811
-    from storage_times import mtimes_near_now
-
-    from conftest import SAMPLES
-
+def test_gcs_listings_carry_modification_times(gcs_server: GcsServer) -> None:  # noqa: F811
     upload_gcs(gcs_server, SAMPLES / "torch_dist" / "iter_0000002", "times/td2")
     mtimes_near_now(gcs_server.url("times/td2"))
