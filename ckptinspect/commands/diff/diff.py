@@ -26,7 +26,8 @@ from ckptinspect.formats.resolve import resolve_checkpoint
 from ckptinspect.errors import UNREAD_CODE, ReadError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor
-from ckptinspect.commands.diff.values import ChunkSource, ValueComparison, compare_tensor_values, supported
+from ckptinspect.commands.diff.values import ValueComparison, compare_tensor_values, supported
+from ckptinspect.services.chunk_bytes import ChunkSource
 from ckptinspect.commands.diff.args import ArgDiff, categorize, diff_args, diff_meta
 from ckptinspect.commands.diff import optim
 from ckptinspect.commands.diff.optim import OptimSummary

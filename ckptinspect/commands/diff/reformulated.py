@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ckptinspect.commands.diff.values import (
-    ChunkSource, ValueComparison, Acc, chunk_box, compare_box, open_chunk, supported,
-)
+from ckptinspect.commands.diff.values import ValueComparison, Acc, chunk_box, compare_box, supported
+from ckptinspect.services.chunk_bytes import ChunkSource, open_chunk
 from ckptinspect.errors import ReadError
 from ckptinspect.model import Tensor
 

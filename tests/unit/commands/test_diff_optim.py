@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from ckptinspect.commands.diff import reformulated as reform
 from ckptinspect.commands.diff.diff import diff_paths
 from ckptinspect.commands.diff.optim import OptimFormat, classify, formats, pair_aliases, summarise
-from ckptinspect.commands.diff.values import ChunkSource
+from ckptinspect.services.chunk_bytes import ChunkSource
 from ckptinspect.cli.app import app
 from ckptinspect.formats import read_checkpoint
 
