@@ -30,6 +30,7 @@ from ckptinspect.results import (
     ResumeResult,
     ScanResult,
     SniffResult,
+    ValuesResult,
     WrittenManifestResult,
 )
 
@@ -172,6 +173,30 @@ def coverage(path: PathLike, keys: Sequence[str] = (), *, select: Sequence[str] 
     from ckptinspect.commands.coverage.coverage import coverage as do_coverage
 
     return CoverageResult(do_coverage(read(path), keys, select, ignore))
+
+
+def values(path: PathLike, *, shard: tuple[int, int] | str | None = None, workers: int | None = None,
+           select: Sequence[str] = (), ignore: Sequence[str] = (), progress: ProgressHook | None = None,
+           storage_options: StorageOptions = None) -> ValuesResult:
+    """The value scan (`ckptinspect values`): every stored chunk of every tensor read, per tensor its statistics and
+    shard-invariant fingerprint, findings CK901-CK910. `shard=(K, N)` (or ``"K/N"``) scans slice K of N;
+    `merge_values_reports` combines the slices' JSON documents. `workers`: processes (default: the cores, for a
+    checkpoint of more than 64 MiB of tensors)."""
+    _storage(storage_options)
+    from ckptinspect.commands.values.report import values_report
+    from ckptinspect.services.integrity_verify import parse_shard
+
+    return ValuesResult(values_report(read(path), shard=parse_shard(shard), workers=workers, select=select,
+                                      ignore=ignore, progress=progress))
+
+
+def merge_values_reports(reports: Sequence[Mapping[str, Any]], *, select: Sequence[str] = (),
+                         ignore: Sequence[str] = ()) -> ValuesResult:
+    """One value scan from the JSON documents of `values --shard K/N -o json` for every K (`ckptinspect
+    values-merge`); equal to the unsharded scan."""
+    from ckptinspect.commands.values.report import merge_reports
+
+    return ValuesResult(merge_reports(reports, select, ignore))
 
 
 def verify_manifest(path: PathLike, manifest: PathLike | None = None, *, shard: tuple[int, int] | None = None,

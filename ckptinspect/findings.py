@@ -161,6 +161,18 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK702", "warning", None, "args", "args disagree with the on-disk layout"),
         _c("CK703", "warning", None, "args", "args value of the wrong type or out of range (read as absent)"),
         _c("CK801", "info", None, "estimate", "weights written by DP rank 0 alone; a fully parallel save spreads them"),
+        _c("CK901", "error", "corrupt", "values", "NaN in a model weight or an optimizer state tensor"),
+        _c("CK902", "error", "corrupt", "values", "+Inf or -Inf in a model weight or an optimizer state tensor"),
+        _c("CK903", "warning", None, "values", "subnormal values in a float32/bfloat16/float64 weight beyond 0.1 % of its "
+           "elements"),
+        _c("CK904", "error", "corrupt", "values", "Adam second moment (exp_avg_sq) negative"),
+        _c("CK905", "warning", None, "values", "a model weight matrix is zero throughout"),
+        _c("CK906", "warning", None, "values", "an optimizer moment (exp_avg / exp_avg_sq) is zero throughout"),
+        _c("CK907", "error", "corrupt", "values", "replicas of one chunk hold different values"),
+        _c("CK908", "warning", None, "values", "values of a tensor not read (a chunk could not be read or decoded here)"),
+        _c("CK909", "info", None, "values", "values of a dtype that is not decoded (not scanned)"),
+        _c("CK910", "error", "corrupt", "values", "a parameter without the optimizer state the checkpoint's optimizer "
+           "format holds for its other parameters"),
     )
 }
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ckptinspect.commands.audit.audit import AuditReport, IterationRow, Listing
     from ckptinspect.commands.audit.summary import Summary
     from ckptinspect.commands.coverage.coverage import CoverageReport
+    from ckptinspect.commands.values.report import ValuesReport
     from ckptinspect.commands.diff.diff import DiffResult as _Diff
     from ckptinspect.commands.estimate import Estimate
     from ckptinspect.commands.manifest.manifest import WrittenManifest
@@ -426,6 +427,26 @@ class CoverageResult(_ReportResult["CoverageReport"]):
         from ckptinspect.render.text import render_coverage
 
         return render_coverage(self.report)
+
+
+@dataclass(frozen=True, slots=True)
+class ValuesResult(_ReportResult["ValuesReport"]):
+    """`values CKPT`: `status`, findings (the reader's, then CK901-CK910), and `report` (per tensor: statistics,
+    fingerprint, first offending elements; `tensors` in JSON)."""
+
+    COMMAND = "values"
+    report: ValuesReport
+    OUTPUTS = ("text", "json", "csv")
+
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.values_text import render_values
+
+        return render_values(self.report)
+
+    def to_csv(self) -> str:
+        from ckptinspect.render.values_text import values_csv
+
+        return values_csv(self.report)
 
 
 @dataclass(frozen=True, slots=True)

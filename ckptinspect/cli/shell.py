@@ -28,6 +28,7 @@ class Output(str, enum.Enum):
     MARKDOWN = "markdown"
     JUNIT = "junit"
     SARIF = "sarif"  # audit, scan, manifest verify / merge
+    CSV = "csv"  # values
 
 
 class ProgressMode(str, enum.Enum):

@@ -64,25 +64,76 @@ class ChunkSource:
 
     root: the checkpoint dir (`StoredItem.file` is relative to it).
     raw: True when `StoredItem`s point at raw tensor payloads (legacy `.pt`), False for torch archives (DCP).
+    zarr: True for Megatron's zarr backend: each `StoredItem` is a whole uncompressed zarr chunk file, C order,
+      little-endian, edge chunks padded to the array's full chunk shape (`formats/zarr_dir.py`).
     views: for `raw`, per file: the views its `data.pkl` describes, by (first-element offset, shape, dtype) — read
       once per file by `open_chunk`.
     """
 
     root: Path
     raw: bool
+    zarr: bool = False
     views: dict[str, dict[tuple[int, tuple[int, ...], str], set[View]]] = field(
         default_factory=dict, compare=False, repr=False)
 
 
 
-def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
-    """A read-only memory map of `chunk` with shape `chunk.sizes`, in its stored numpy dtype (bfloat16 as uint16)."""
+@dataclass(frozen=True, slots=True)
+class Extent:
+    """Where the elements of one chunk are stored.
+
+    path: the file (a local path or an object-storage path; `open_regular` reads both).
+    code: the numpy dtype code of one stored element, with its byte order (``"<f4"``; bfloat16 as ``"<u2"``).
+    record_offset / record_length: the storage record's bytes in `path`.
+    storage_offset: the chunk's first element inside the record, in elements.
+    shape: the chunk's sizes. strides: its strides in elements, None when C-contiguous.
+    """
+
+    path: Path
+    code: str
+    record_offset: int
+    record_length: int
+    storage_offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.code).itemsize
+
+    @property
+    def start(self) -> int:
+        """The byte offset of the chunk's first element in `path`."""
+        return self.record_offset + self.storage_offset * self.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    def byte_of(self, local: tuple[int, ...]) -> int:
+        """The byte offset in `path` of the element at chunk-local coordinates `local`."""
+        strides = self.strides if self.strides is not None else contiguous(self.shape)
+        return self.start + sum(i * st for i, st in zip(local, strides)) * self.itemsize
+
+
+def locate(src: ChunkSource, chunk: Chunk, dtype: str, stored_shape: tuple[int, ...] | None = None) -> Extent:
+    """The `Extent` of `chunk`'s elements, checked to lie inside their storage record. Raises `ReadError` when the
+    chunk has no storage entry, its item is stream-transformed or compressed, or its archive disagrees with the
+    metadata. `stored_shape`: zarr only, the array's full chunk shape (an edge chunk file holds that many)."""
     item = chunk.storage
     if item is None:
-        raise ReadError(f"chunk at {chunk.offsets} has no storage entry")
+        raise ReadError(f"chunk at {chunk.offsets} has no storage entry", "CK304")
     code, _ = NUMPY_CODES.get(dtype) or (BITS_CODES[dtype_size(dtype) or 0], ValueKind.BITS)
     shape = tuple(chunk.sizes)
     count = math.prod(shape)
+    if src.zarr:
+        full = stored_shape or shape
+        need = math.prod(full) * (dtype_size(dtype) or 0)
+        if item.length != need:
+            raise ReadError(f"{item.file}: {item.length} bytes, not the {need} of an uncompressed chunk (a "
+                            "compressor or filter): values not read", "CK208")
+        strides = contiguous(full) if full != shape and count else None
+        return _checked(Extent(src.root / item.file, "<" + code, item.offset, item.length, 0, shape, strides))
     if src.raw:
         views = legacy_views(src, item.file).get((item.offset, shape, dtype), set())
         if len(views) != 1:
@@ -90,11 +141,12 @@ def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
                             if not views else "several views of this shape and dtype at this offset"))
         rec_offset, rec_size, storage_offset, stride = next(iter(views))
         strides = stride if count and stride != contiguous(shape) else None
-        return map_view(src.root / item.file, "<" + code, rec_offset, rec_size, storage_offset, shape, strides)
+        return _checked(Extent(src.root / item.file, "<" + code, rec_offset, rec_size, storage_offset, shape,
+                               strides))
     if item.transforms:
-        # The values are memory-mapped from the stored bytes; a stream-transformed item has no such bytes.
+        # The values are read from the stored bytes; a stream-transformed item has no such bytes.
         raise ReadError(f"{item.file}@{item.offset}: stream-transformed item ({', '.join(item.transforms)}): values "
-                        "not read")
+                        "not read", "CK208")
     archive = read_item_archive(src.root, item)
     ref = archive.obj
     if not isinstance(ref, TensorRef):
@@ -107,9 +159,9 @@ def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
     if rec is None or rec.data_offset < 0:
         raise ReadError(f"{item.file}@{item.offset}: storage record data/{ref.storage_key} missing")
     if rec.compressed:
-        raise ReadError(f"{item.file}@{item.offset}: storage record is compressed")
+        raise ReadError(f"{item.file}@{item.offset}: storage record is compressed", "CK208")
     if rec.data_offset + rec.size > item.length:
-        raise ReadError(f"{item.file}@{item.offset}: storage record extends past the stored item")
+        raise ReadError(f"{item.file}@{item.offset}: storage record extends past the stored item", "CK202")
     order = "<"
     bo = archive.records.get("byteorder")
     if bo is not None and 0 <= bo.data_offset and bo.size <= 16 and not bo.compressed:
@@ -117,8 +169,29 @@ def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
             f.seek(item.offset + bo.data_offset)
             order = ">" if f.read(bo.size).strip() == b"big" else "<"
     strides = ref.stride if count and ref.stride != contiguous(shape) else None
-    return map_view(src.root / item.file, order + code, item.offset + rec.data_offset, rec.size, ref.storage_offset,
-                shape, strides)
+    return _checked(Extent(src.root / item.file, order + code, item.offset + rec.data_offset, rec.size,
+                           ref.storage_offset, shape, strides))
+
+
+def _checked(e: Extent) -> Extent:
+    """`e`, once its view is known to lie inside its storage record (a hostile offset or stride is a ReadError)."""
+    n = e.record_length // e.itemsize
+    count = math.prod(e.shape)
+    if e.strides is not None and len(e.strides) != len(e.shape):
+        raise ReadError(f"{e.path.name}@{e.record_offset}: {len(e.strides)} strides for a {len(e.shape)}-d tensor")
+    if count == 0:
+        return e
+    span = e.storage_offset + (1 + sum((s - 1) * st for s, st in zip(e.shape, e.strides)) if e.strides else count)
+    if e.storage_offset < 0 or span > n or (e.strides and min(e.strides) < 0):
+        raise ReadError(f"{e.path.name}@{e.record_offset}: tensor view [{e.storage_offset}, {span}) outside its "
+                        f"storage ({n})", "CK202")
+    return e
+
+
+def open_chunk(src: ChunkSource, chunk: Chunk, dtype: str) -> npt.NDArray[Any]:
+    """A read-only memory map of `chunk` with shape `chunk.sizes`, in its stored numpy dtype (bfloat16 as uint16)."""
+    e = locate(src, chunk, dtype)
+    return map_view(e.path, e.code, e.record_offset, e.record_length, e.storage_offset, e.shape, e.strides)
 
 
 def legacy_views(src: ChunkSource, rel: str) -> dict[tuple[int, tuple[int, ...], str], set[View]]:
