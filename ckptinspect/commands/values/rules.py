@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptinspect.findings import Finding
+from ckptinspect.findings import CODES, Finding
 from ckptinspect.services.values_stats import ValueStats
 
 SUBNORMAL_FRACTION = 1e-3
@@ -94,8 +94,25 @@ def value_findings(tensors: Sequence[TensorFacts], path: str, partial: bool = Fa
     out: list[Finding] = []
     for t in tensors:
         out.extend(_tensor_findings(t, path, partial))
+    out.extend(cause_findings(tensors, path))
     if not partial:
         out.extend(missing_state(tensors, path))
+    return out
+
+
+def cause_findings(tensors: Sequence[TensorFacts], path: str) -> list[Finding]:
+    """What made chunks unreadable, as the container finding it is (CK202 an item past the end of its file, CK201
+    a missing file, CK206 a broken archive, ...), once per distinct cause: CK908 says a tensor's values are partial,
+    these give the status (a truncated checkpoint is `corrupt` to `values` as to `audit`)."""
+    out: list[Finding] = []
+    seen: set[tuple[str, str]] = set()
+    for t in tensors:
+        for code, msg in t.errors:
+            info = CODES.get(code)
+            if info is None or info.status is None or (code, msg) in seen:
+                continue
+            seen.add((code, msg))
+            out.append(Finding(code, msg, t.label, path, {"tensor": t.key, "found_by": "values"}))
     return out
 
 

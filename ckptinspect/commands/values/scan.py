@@ -30,7 +30,10 @@ from ckptinspect.errors import CkptInspectError, ReadError
 from ckptinspect.io.local import open_regular
 from ckptinspect.model import Checkpoint, Chunk, Format, ShardedBackend, dtype_size
 from ckptinspect.progress import ProgressHook
-from ckptinspect.services.chunk_bytes import ChunkSource, Extent, locate, map_view
+from ckptinspect.formats.transforms import decode_item, tensor_bound
+from ckptinspect.pickling.builders import TensorRef
+from ckptinspect.pickling.torch_archive import read_torch_archive
+from ckptinspect.services.chunk_bytes import BITS_CODES, NUMPY_CODES, ChunkSource, Extent, contiguous, locate, map_view
 from ckptinspect.services.values import SUPPORTED, TensorValues, scan_chunk
 from ckptinspect.services.values_stats import CODECS, Kind
 
@@ -223,10 +226,17 @@ def run_job(src: ChunkSource, job: Job) -> Done:
 
 def _scan_one(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool
               ) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
+    if chunk.storage is not None and chunk.storage.transforms and not src.raw and not src.zarr:
+        return _scan_transformed(src, job, chunk, want_places)
     ext = locate(src, chunk, job.dtype, job.stored_shape)
+    return _scan_pieces(job, chunk, ext, _pieces(chunk, ext), want_places)
+
+
+def _scan_pieces(job: Job, chunk: Chunk, ext: Extent, pieces: Iterator[tuple[int, Any]], want_places: bool
+                 ) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
     values = TensorValues(job.dtype, job.shape)
     negatives: list[int] = []
-    for local_start, piece in _pieces(src, chunk, job, ext):
+    for local_start, piece in pieces:
         part = scan_chunk(piece, job.dtype, job.shape, chunk.offsets, chunk.sizes, local_start)
         if job.negative and want_places and not negatives and part.stats.min is not None and part.stats.min < 0:
             k = _first_negative(piece, job.dtype)
@@ -247,7 +257,7 @@ def _scan_one(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool
     return values, places
 
 
-def _pieces(src: ChunkSource, chunk: Chunk, job: Job, ext: Extent) -> Iterator[tuple[int, Any]]:
+def _pieces(chunk: Chunk, ext: Extent) -> Iterator[tuple[int, Any]]:
     """(first local element, bytes) of `chunk`'s elements in C order, `PIECE_BYTES` at a time, little-endian."""
     itemsize = ext.itemsize
     count = math.prod(ext.shape)
@@ -265,29 +275,62 @@ def _pieces(src: ChunkSource, chunk: Chunk, job: Job, ext: Extent) -> Iterator[t
             yield pos, block
             pos += block.size
         return
-    per = max(1, PIECE_BYTES // itemsize) * itemsize
-    buf = bytearray(min(per, count * itemsize))
-    view = memoryview(buf)
-    swap = ext.code.startswith(">")
     with open_regular(ext.path, window=(ext.start, ext.nbytes)) as f:
         f.seek(ext.start)
-        done = 0
-        while done < ext.nbytes:
-            n = min(len(buf), ext.nbytes - done)
-            got = 0
-            while got < n:
-                r = cast(Any, f).readinto(view[got:n])
-                if not r:
-                    raise ReadError(f"{chunk.storage.file if chunk.storage else '?'}: chunk bytes end early "
-                                    f"({ext.start + done + got} of [{ext.start}, {ext.start + ext.nbytes}))", "CK202")
-                got += r
-            piece = view[:n]
-            if swap:
-                arr = np.frombuffer(piece, dtype=ext.code).byteswap()
-                yield done // itemsize, arr
-            else:
-                yield done // itemsize, piece
-            done += n
+        yield from _read_pieces(f, ext.nbytes, itemsize, chunk.storage.file if chunk.storage else "?",
+                                ext.code if ext.code.startswith(">") else None)
+
+
+def _scan_transformed(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool
+                      ) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
+    """A stream-transformed (DCP `ZStandard`) item: decoded into a bounded temporary (`transforms.decode_item`: its
+    payload + 1 MiB), its archive read there, the payload scanned from it. A place's byte offset is then the stored
+    item's first byte (the element's offset exists only in the decoded stream)."""
+    item = chunk.storage
+    assert item is not None  # checked by the caller
+    itemsize = dtype_size(job.dtype) or 0
+    count = math.prod(chunk.sizes)
+    with open_regular(src.root / item.file, window=(item.offset, item.length)) as f:
+        with decode_item(f, item.offset, item.length, item.transforms, tensor_bound(count * itemsize)) as dec:
+            archive = read_torch_archive(dec)
+            ref = archive.obj
+            if not isinstance(ref, TensorRef) or ref.shape != tuple(chunk.sizes) or ref.dtype != job.dtype:
+                raise ReadError(f"{item.file}@{item.offset}: decoded archive does not hold this chunk's tensor")
+            rec = archive.records.get(f"data/{ref.storage_key}")
+            if rec is None or rec.data_offset < 0 or rec.compressed:
+                raise ReadError(f"{item.file}@{item.offset}: decoded storage record missing or compressed")
+            if count and ref.stride != contiguous(tuple(chunk.sizes)):
+                raise ReadError(f"{item.file}@{item.offset}: a strided view in a transformed item: not read", "CK208")
+            start = rec.data_offset + ref.storage_offset * itemsize
+            if ref.storage_offset < 0 or start + count * itemsize > rec.data_offset + rec.size:
+                raise ReadError(f"{item.file}@{item.offset}: tensor view outside its storage record", "CK202")
+            ext = Extent(src.root / item.file, "<" + (NUMPY_CODES.get(job.dtype) or (BITS_CODES[itemsize],))[0],
+                         item.offset, item.length, 0, tuple(chunk.sizes), None)
+            dec.seek(start)
+            return _scan_pieces(job, chunk, ext, _read_pieces(dec, count * itemsize, itemsize, item.file),
+                                want_places)
+
+
+def _read_pieces(f: Any, nbytes: int, itemsize: int, name: str, swap_code: str | None = None
+                 ) -> Iterator[tuple[int, Any]]:
+    """(first element, bytes) of the next `nbytes` of `f`, `PIECE_BYTES` at a time into one buffer."""
+    per = max(1, PIECE_BYTES // itemsize) * itemsize
+    buf = bytearray(min(per, nbytes))
+    view = memoryview(buf)
+    done = 0
+    while done < nbytes:
+        n = min(len(buf), nbytes - done)
+        got = 0
+        while got < n:
+            r = f.readinto(view[got:n])
+            if not r:
+                raise ReadError(f"{name}: chunk bytes end early ({done + got} of {nbytes})", "CK202")
+            got += r
+        if swap_code is not None:
+            yield done // itemsize, np.frombuffer(view[:n], dtype=swap_code).byteswap()
+        else:
+            yield done // itemsize, view[:n]
+        done += n
 
 
 def _first_negative(piece: Any, dtype: str) -> int | None:
