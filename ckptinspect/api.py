@@ -118,9 +118,10 @@ def info(path: PathLike, *, storage_options: StorageOptions = None) -> InfoResul
 
 
 def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_iterations: bool = False,
-          manifest: PathLike | None = None, select: Sequence[str] = (), ignore: Sequence[str] = (),
+          manifest: PathLike | None = None, values: bool = False, select: Sequence[str] = (), ignore: Sequence[str] = (),
           progress: ProgressHook | None = None, storage_options: StorageOptions = None) -> AuditResult:
-    """Run every check on a checkpoint or a save dir (`ckptinspect audit`)."""
+    """Run every check on a checkpoint or a save dir (`ckptinspect audit`); `values=True` adds the value scan of
+    every fully audited checkpoint (`audit --values`)."""
     _storage(storage_options)
     from ckptinspect.commands.audit.audit import AuditOptions
     from ckptinspect.commands.audit.audit import audit as do_audit
@@ -134,7 +135,7 @@ def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_i
             from ckptinspect.errors import UsageError
 
             raise UsageError(f"--manifest {m_label}: no such file")
-    opts = AuditOptions(deep=deep, hash=hash_files, all_iterations=all_iterations, manifest=m,
+    opts = AuditOptions(deep=deep, hash=hash_files, all_iterations=all_iterations, manifest=m, values=values,
                         select=tuple(select), ignore=tuple(ignore), context=CheckContext(progress=progress))
     return AuditResult(do_audit(p, opts, label))
 

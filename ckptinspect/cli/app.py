@@ -133,6 +133,8 @@ def audit(
                                              "stale)")] = False,
     all_iterations: Annotated[bool, typer.Option("--all", help="fully audit every iteration of a save dir")] = False,
     manifest: Annotated[Optional[Path], typer.Option("--manifest", help="verify this manifest file")] = None,
+    values: Annotated[bool, typer.Option("--values", help="also scan every tensor's values (NaN, Inf, garbage, "
+                                         "optimizer state; as `ckptinspect values`)")] = False,
     output: OutputOpt = Output.TEXT,
     fail_on: FailOnOpt = FailOn.ERROR,
     select: SelectOpt = None,
@@ -150,9 +152,10 @@ def audit(
         from ckptinspect.api import audit as do_audit
 
         only(output, AuditResult.OUTPUTS)
-        with progress_bar(output is Output.TEXT and (deep or hash_files), "deep read", progress,
-                          long=deep or hash_files, command="audit") as hook:
+        long = deep or hash_files or values
+        with progress_bar(output is Output.TEXT and long, "deep read", progress, long=long, command="audit") as hook:
             r = do_audit(path, deep=deep, hash_files=hash_files, all_iterations=all_iterations, manifest=manifest,
+                         values=values,
                          select=select or (), ignore=ignore or (), progress=hook)
         emit_result(r, output)
         return r.exit_code(fail_on.severity)

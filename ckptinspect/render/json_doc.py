@@ -187,6 +187,8 @@ def audit_doc(r: AuditReport) -> dict[str, Any]:
     if r.save_dir is not None:
         body["tracker"] = r.save_dir.tracker.to_dict()
         body["picked"] = r.picked.name if r.picked else None
+    if r.picked is not None and r.picked.values is not None:
+        body["values"] = r.picked.values_dict()  # `audit --values`: the picked checkpoint's scan
     return envelope("audit", body)
 
 

@@ -168,6 +168,11 @@ def render_audit(r: AuditReport) -> RenderableType:
         parts.append(render_findings(r.findings))
     if r.summary is not None:
         parts.append(render_summary(r.summary, r.picked.checkpoint if r.picked else None))
+    if r.picked is not None and r.picked.values is not None:
+        v = r.picked.values
+        whole = sum(t.values.complete for t in v)
+        parts.append(Text(f"values: {len(v)} tensor(s), {whole} fully scanned, {human_bytes(r.picked.values_bytes)} "
+                          "read (ckptinspect values CKPT for the per-tensor table)"))
     return Group(*parts)
 
 

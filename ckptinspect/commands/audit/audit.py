@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ckptinspect.commands.values.report import TensorScan, scan_tensors
+from ckptinspect.commands.values.rules import value_findings
 from ckptinspect.checks import CheckContext, tracker
 from ckptinspect.checks.registry import CHECKS
 from ckptinspect.io.findings import storage_findings, unread_findings
@@ -38,6 +40,7 @@ class AuditOptions:
     hash: bool = False  # hash every file the manifest lists (`--hash`; `--deep` implies it)
     all_iterations: bool = False
     manifest: Path | None = None
+    values: bool = False  # `--values`: the value scan of every fully audited checkpoint (`commands/values/`)
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     context: CheckContext = field(default_factory=CheckContext)
@@ -52,14 +55,25 @@ class CheckpointAudit:
     findings: tuple[Finding, ...]
     full: bool
     name: str | None = None  # iteration dir name inside a save dir
+    values: tuple[TensorScan, ...] | None = None  # `--values`: every tensor's value scan
+    values_bytes: int = 0
+
+    def values_dict(self) -> dict[str, Any] | None:
+        """The `values` object of the JSON document (`values -o json`'s `tensors` and `bytes_read`)."""
+        if self.values is None:
+            return None
+        return {"bytes_read": self.values_bytes, "tensors": [t.to_dict() for t in self.values]}
 
     def to_dict(self) -> dict[str, Any]:
         c = self.checkpoint
-        return {
+        out: dict[str, Any] = {
             "path": c.path, "name": self.name, "format": c.format.value if c.format else None,
             "iteration": c.iteration, "status": self.status.value, "full": self.full,
             "findings": [f.to_dict() for f in self.findings],
         }
+        if self.values is not None:
+            out["values"] = self.values_dict()
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +127,14 @@ def _audit_checkpoint(path: Path, label: str, opts: AuditOptions, full: bool, me
     # what storage did while the checks read (the safety scan's byte items, --deep, --hash): an object rewritten,
     # gone or denied after the listing is a finding here too, not only when the reader met it; a local file the
     # checks could not open (a data file whose byte items the safety scan reads) is CK209
+    scans: tuple[TensorScan, ...] | None = None
+    read_bytes = 0
+    if opts.values and full and ckpt.format is not None:
+        scans, read_bytes = scan_tensors(ckpt, progress=opts.context.progress)
+        findings.extend(f.with_path(label) for f in value_findings([t.facts for t in scans], label))
     findings.extend(storage_findings(path, label, findings))
     kept = tuple(filter_findings(findings, opts.select, opts.ignore))
-    return CheckpointAudit(ckpt, status_of(kept), kept, full, name)
+    return CheckpointAudit(ckpt, status_of(kept), kept, full, name, scans, read_bytes)
 
 
 def audit(path: Path, opts: AuditOptions | None = None, label: str | None = None) -> AuditReport:

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ckptinspect.api import merge_values_reports, read, values
+from ckptinspect.api import audit, merge_values_reports, read, values
 from ckptinspect.cli.app import app
 from ckptinspect.commands.values.report import values_report
+from schemas import validate_document
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -63,6 +64,7 @@ def test_no_value_finding_on_a_healthy_sample(sample: Path) -> None:
     """Every committed sample is a real, healthy save: the scan reads every tensor whole and finds nothing (the
     0.19.2 sample's DistOpt bucket pads hold uninitialized memory: not judged, counted in pad_elements)."""
     r = values(sample)
+    validate_document(r.to_dict())
     codes = sorted({f.code for f in r.findings} & VALUE_CODES)
     assert codes == [], [(f.code, f.message) for f in r.findings if f.code in VALUE_CODES][:3]
     scanned = [t for t in r.report.tensors if t.unsupported is None]
@@ -180,6 +182,13 @@ def test_faults_put_in_before_a_real_save(tmp_path: Path) -> None:
     path = save_dcp(tmp_path / "faults", state)
 
     r = values(path)
+    validate_document(r.to_dict())
+    audited = audit(path, values=True)
+    doc = audited.to_dict()
+    validate_document(doc)
+    assert {f.code for f in audited.findings} >= {"CK901", "CK902", "CK903", "CK904", "CK905", "CK910"}
+    assert len(doc["values"]["tensors"]) == len(r.report.tensors) and audited.status.value == "corrupt"
+    assert {f.code for f in audit(path).findings}.isdisjoint(VALUE_CODES)  # metadata-level audit reads no value
     got = {(f.code, f.subject) for f in r.findings}
     assert ("CK901", "model.0.weight") in got and ("CK902", "model.0.weight") in got
     assert ("CK903", "model.0.weight") in got and ("CK905", "model.2.weight") in got
@@ -218,6 +227,8 @@ def test_shards_merge_to_the_unsharded_scan(n: int) -> None:
     src = SAMPLES / "torch_dist_fully"
     whole = values(src).to_dict()
     docs = [values(src, shard=(k, n)).to_dict() for k in range(n)]
+    for d in docs:
+        validate_document(d)
     assert sum(d["bytes_read"] for d in docs) == whole["bytes_read"]
     _same_scan(whole, merge_values_reports(docs).to_dict())
 
