@@ -184,7 +184,7 @@ def _pictures(r: AuditReport) -> Iterator[str]:
 def diff_html(r: DiffResult) -> str:
     """The HTML report of `diff A B`: verdict, sides, and one table of every difference."""
     verdict = "blocking" if r.blocking else "identical" if r.identical else "different"
-    rows = list(_diff_rows(r))
+    rows = sorted(_diff_rows(r), key=lambda x: x.severity != "blocking")  # blocking first, else in order
     blocking = sum(1 for x in rows if x.severity == "blocking")
     counts = [("blocking", blocking), ("differences", len(rows)), ("args", len(r.args)),
               ("checkpoint facts", len(r.meta)), ("tensors in common", r.tensors.common),
