@@ -45,7 +45,7 @@ def audit_html(r: AuditReport) -> str:
         counts.append(("leftover findings", leftover))
     facts = [f"{r.kind.value}"]
     if r.format:
-        facts.append(f"format {r.format.value}, iteration {r.iteration}")
+        facts.append(f"format {r.format.value}" + ("" if r.iteration is None else f", iteration {r.iteration}"))
     if r.summary is not None:
         s = r.summary
         facts.append(f"{s.tensors} tensors, {s.chunks} chunks, {s.objects} objects, {s.files} files, "
@@ -127,7 +127,7 @@ def rank_chart(by_rank: Mapping[int, Mapping[str, int]], width: int = 720, heigh
     for b, group in enumerate(groups):
         rank = max(group, key=lambda k: total[k])
         label = f"rank {rank}" if len(group) == 1 else f"ranks {group[0]}-{group[-1]} (max: rank {rank})"
-        y = top + height
+        y = float(top + height)
         for comp in COMPONENTS:
             n = by_rank[rank].get(comp, 0)
             if n <= 0:
@@ -252,8 +252,9 @@ def _change_note(c: Change) -> str:
 
 def _row(blocking: bool, kind: str, name: str, a: str, b: str, note: str) -> Row:
     sev = "blocking" if blocking else "minor"
-    return Row(sev, kind, (Cell("yes" if blocking else "no", value=int(blocking), cls=f"s-{sev} nw"), Cell(kind, cls="nw"),
-                           Cell(name, cls="mono"), Cell(a, cls="mono"), Cell(b, cls="mono"), Cell(note)))
+    return Row(sev, kind, (Cell("yes" if blocking else "no", value=int(blocking), cls=f"s-{sev} nw"),
+                           Cell(kind, cls="nw"), Cell(name, cls="mono"), Cell(a, cls="mono"), Cell(b, cls="mono"),
+                           Cell(note)))
 
 
 def _value(v: Any) -> str:
