@@ -81,7 +81,7 @@ def _status_class(a: CheckpointAudit) -> str:
 
 
 def _findings_table(findings: Sequence[Finding], deciding: set[int]) -> str:
-    cols = (Column("severity", "severity"), Column("code", "code"), Column("title", "title"),
+    cols = (Column("severity", "severity", number=True), Column("code", "code"), Column("title", "title"),
             Column("subject", "subject"), Column("checkpoint", "checkpoint"), Column("message", "message"),
             Column("decides", "decides"))
     rows = []
@@ -195,7 +195,7 @@ def diff_html(r: DiffResult) -> str:
              for name, s in (("A", r.a), ("B", r.b))]
     parts = [section("overview", "verdict", counts_html(counts)
                      + plain_table(("side", "path", "format", "generation", "iteration"), sides, "sides-table"))]
-    cols = (Column("blocking", "blocking"), Column("kind", "kind"), Column("name", "name"), Column("A", "a"),
+    cols = (Column("blocking", "blocking", number=True), Column("kind", "kind"), Column("name", "name"), Column("A", "a"),
             Column("B", "b"), Column("note", "note"))
     body = FilterTable("findings-table", cols, rows[:MAX_ROWS], ("blocking", "minor"), "blocking", "kind").to_html() \
         if rows else "<p>no differences</p>"

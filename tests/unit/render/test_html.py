@@ -157,3 +157,12 @@ def test_html_is_only_for_audit_and_diff() -> None:
     assert code == 2
     code, out = cli("info", str(TD / "iter_0000002"), "-o", "html")
     assert code == 2
+
+
+def test_the_api_result_renders_the_same_page() -> None:
+    import ckptinspect
+
+    _, out = cli("audit", str(TD), "--all", "-o", "html")
+    assert ckptinspect.audit(TD, all_iterations=True).to_html() == out
+    _, out = cli("diff", str(TD / "iter_0000001"), str(TD / "iter_0000002"), "-o", "html")
+    assert ckptinspect.diff(TD / "iter_0000001", TD / "iter_0000002").to_html() == out
