@@ -195,8 +195,8 @@ def diff_html(r: DiffResult) -> str:
              for name, s in (("A", r.a), ("B", r.b))]
     parts = [section("overview", "verdict", counts_html(counts)
                      + plain_table(("side", "path", "format", "generation", "iteration"), sides, "sides-table"))]
-    cols = (Column("blocking", "blocking", number=True), Column("kind", "kind"), Column("name", "name"), Column("A", "a"),
-            Column("B", "b"), Column("note", "note"))
+    cols = (Column("blocking", "blocking", number=True), Column("kind", "kind"), Column("name", "name"),
+            Column("A", "a"), Column("B", "b"), Column("note", "note"))
     body = FilterTable("findings-table", cols, rows[:MAX_ROWS], ("blocking", "minor"), "blocking", "kind").to_html() \
         if rows else "<p>no differences</p>"
     parts.append(section("findings", f"differences ({len(rows)})", body))
