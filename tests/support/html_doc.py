@@ -12,9 +12,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import pickle
+import re
 from collections import defaultdict
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 # An injected script sets the document's title: the browser test reads the title back.
 PWNED = "PWNED"
@@ -102,6 +104,47 @@ class HtmlDoc(HTMLParser):
 
 def sha256_source(block: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(block.encode()).digest()).decode() + "'"
+
+
+def assert_self_contained(doc: HtmlDoc) -> None:
+    """One inline style, one inline script, no src / href / URL anywhere, no handler or style attribute, and a CSP
+    of `default-src 'none'` that admits exactly the hashes of the two blocks."""
+    assert doc.source.startswith("<!DOCTYPE html>")
+    assert len(doc.blocks["script"]) == 1 and len(doc.blocks["style"]) == 1
+    assert not doc.all("link") and not doc.all("img") and not doc.all("iframe") and not doc.all("object")
+    for tag, attrs in doc.tags:
+        for name in attrs:
+            assert name not in ("src", "href", "srcset", "action", "style", "xmlns"), (tag, name)
+            assert not name.startswith("on"), (tag, name)
+    assert not re.search(r"(?i)\b(https?|wss?|ftp)://|url\(|@import|//[a-z0-9.-]+\.[a-z]{2,}/", doc.source)
+    csp = doc.csp()
+    assert csp["default-src"] == ["'none'"]
+    assert csp["script-src"] == [sha256_source(doc.blocks["script"][0])]
+    assert csp["style-src"] == [sha256_source(doc.blocks["style"][0])]
+    assert "'unsafe-inline'" not in doc.source and "'unsafe-eval'" not in doc.source
+
+
+def assert_audit_report(html: str, js: dict[str, Any]) -> HtmlDoc:
+    """`-o html` of an audit says what its JSON document `js` says: the status, one row per finding, a picture per
+    tensor with a coverage problem (at most 20); and it is self-contained."""
+    doc = HtmlDoc(html)
+    assert_self_contained(doc)
+    assert doc.text_by_id["verdict"] == js["status"]
+    assert_findings_rows(doc, js)
+    figures = [a["data-key"] for a in doc.all("figure") if a.get("class") == "coverage"]
+    problems = list(dict.fromkeys(f["subject"] for f in js["findings"] if f["code"] in ("CK301", "CK302", "CK303")))
+    assert set(figures) <= set(problems) and len(figures) == len(set(figures)) <= 20
+    if js["kind"] == "checkpoint":  # its tensors are kept: every tensor with a problem is drawn
+        assert figures == problems[:20]
+    return doc
+
+
+def assert_findings_rows(doc: HtmlDoc, js: dict[str, Any]) -> None:
+    rows = doc.body_rows("findings-table")
+    assert [(a["data-code"], a["data-severity"]) for a, _ in rows] == [(f["code"], f["severity"])
+                                                                       for f in js["findings"]]
+    assert [cells[1] for _, cells in rows] == [f["code"] for f in js["findings"]]
+    assert [cells[5].startswith(f["message"]) for (_, cells), f in zip(rows, js["findings"])] == [True] * len(rows)
 
 
 def hostile_dcp(where: Path) -> Path:

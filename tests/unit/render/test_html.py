@@ -10,7 +10,6 @@ and carry a CSP whose hashes are those of its own inline blocks. The real-browse
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ from ckptinspect.cli.app import app
 from conftest import SAMPLES
 from corpus import Ctx, case_named
 from corpus_kit import _common, _set_args, edit_torch_file
-from html_doc import IMG_KEY, PWNED, SCRIPT_ARG, SCRIPT_KEY, HtmlDoc, hostile_dcp, sha256_source
+from html_doc import (IMG_KEY, PWNED, SCRIPT_ARG, SCRIPT_KEY, HtmlDoc, assert_findings_rows, assert_self_contained,
+                      hostile_dcp)
 
 TD = SAMPLES / "torch_dist"
 
@@ -39,32 +39,6 @@ def html_and_json(*args: str) -> tuple[int, HtmlDoc, dict[str, Any]]:
     code_json, out_json = cli(*args, "-o", "json")
     assert code == code_json
     return code, HtmlDoc(out), json.loads(out_json)
-
-
-def assert_self_contained(doc: HtmlDoc) -> None:
-    """One inline style, one inline script, no src / href / URL anywhere, no handler or style attribute, and a CSP
-    of `default-src 'none'` that admits exactly the hashes of the two blocks."""
-    assert doc.source.startswith("<!DOCTYPE html>")
-    assert len(doc.blocks["script"]) == 1 and len(doc.blocks["style"]) == 1
-    assert not doc.all("link") and not doc.all("img") and not doc.all("iframe") and not doc.all("object")
-    for tag, attrs in doc.tags:
-        for name in attrs:
-            assert name not in ("src", "href", "srcset", "action", "style", "xmlns"), (tag, name)
-            assert not name.startswith("on"), (tag, name)
-    assert not re.search(r"(?i)\b(https?|wss?|ftp)://|url\(|@import|//[a-z0-9.-]+\.[a-z]{2,}/", doc.source)
-    csp = doc.csp()
-    assert csp["default-src"] == ["'none'"]
-    assert csp["script-src"] == [sha256_source(doc.blocks["script"][0])]
-    assert csp["style-src"] == [sha256_source(doc.blocks["style"][0])]
-    assert "'unsafe-inline'" not in doc.source and "'unsafe-eval'" not in doc.source
-
-
-def assert_findings_rows(doc: HtmlDoc, js: dict[str, Any]) -> None:
-    rows = doc.body_rows("findings-table")
-    assert [(a["data-code"], a["data-severity"]) for a, _ in rows] == [(f["code"], f["severity"])
-                                                                       for f in js["findings"]]
-    assert [cells[1] for _, cells in rows] == [f["code"] for f in js["findings"]]
-    assert [cells[5].startswith(f["message"]) for (_, cells), f in zip(rows, js["findings"])] == [True] * len(rows)
 
 
 def test_audit_of_a_save_dir_has_verdict_counts_iterations_findings_and_rank_chart() -> None:
