@@ -20,7 +20,7 @@ from ckptinspect.commands.diff.diff import Change, DiffResult, KeyDiff, What
 from ckptinspect.findings import CODES, Finding, Severity
 from ckptinspect.model.components import COMPONENTS
 from ckptinspect.render.estimate_svg import COLORS
-from ckptinspect.render.html_page import (Cell, Column, FilterTable, Row, counts_html, e, page, plain_table,
+from ckptinspect.render.html_page import (Cell, Column, FilterTable, Row, counts_html, esc, page, plain_table,
                                           section)
 from ckptinspect.render.svg import picture_svg
 from ckptinspect.render.text import human_bytes
@@ -50,7 +50,7 @@ def audit_html(r: AuditReport) -> str:
         s = r.summary
         facts.append(f"{s.tensors} tensors, {s.chunks} chunks, {s.objects} objects, {s.files} files, "
                      f"{human_bytes(s.bytes)}")
-    parts = [section("overview", "verdict", counts_html(counts) + f'<p id="facts">{e("; ".join(facts))}</p>')]
+    parts = [section("overview", "verdict", counts_html(counts) + f'<p id="facts">{esc("; ".join(facts))}</p>')]
     if r.save_dir is not None:
         parts.append(section("iterations", "iterations", _iterations(r)))
     parts.append(section("findings", f"findings ({len(r.findings)})", _findings_table(r.findings, deciding)
@@ -91,7 +91,7 @@ def _findings_table(findings: Sequence[Finding], deciding: set[int]) -> str:
         rows.append(Row(sev, f.code, (
             Cell(sev, value=f.severity.rank, cls=f"s-{sev} nw"), Cell(f.code, cls="mono nw"), Cell(CODES[f.code].title),
             Cell(f.subject or "-", cls="mono"), Cell(_short(f.path), cls="mono"),
-            Cell(raw=e(f.message) + _details(f.details)), Cell("yes" if decides else "no (leftover iteration)")),
+            Cell(raw=esc(f.message) + _details(f.details)), Cell("yes" if decides else "no (leftover iteration)")),
             None if decides else "leftover"))
     more = f"<p>{len(findings) - MAX_ROWS} more findings: see -o json</p>" if len(findings) > MAX_ROWS else ""
     return FilterTable("findings-table", cols, rows, _SEVERITIES).to_html() + more
@@ -102,7 +102,7 @@ def _details(details: Mapping[str, Any]) -> str:
         return ""
     text = json.dumps(dict(details), default=str, sort_keys=True)
     text = text if len(text) <= 4000 else text[:4000] + " ..."
-    return f'<details><summary>details</summary><code>{e(text)}</code></details>'
+    return f'<details><summary>details</summary><code>{esc(text)}</code></details>'
 
 
 def _short(path: str | None) -> str:
@@ -122,7 +122,7 @@ def rank_chart(by_rank: Mapping[int, Mapping[str, int]], width: int = 720, heigh
     w = width / max(len(groups), 1)
     out = [f'<svg id="rank-chart" width="{width + left + 10}" height="{height + top + bottom}" font-size="11"'
            f' font-family="monospace" role="img"><title>bytes written per rank</title>',
-           f'<text x="4" y="{top + 4}">{e(human_bytes(peak))}</text><text x="4" y="{top + height}">0</text>',
+           f'<text x="4" y="{top + 4}">{esc(human_bytes(peak))}</text><text x="4" y="{top + height}">0</text>',
            f'<rect x="{left}" y="{top}" width="{width}" height="{height}" fill="none" stroke="#999"/>']
     for b, group in enumerate(groups):
         rank = max(group, key=lambda k: total[k])
@@ -136,14 +136,14 @@ def rank_chart(by_rank: Mapping[int, Mapping[str, int]], width: int = 720, heigh
             y -= h
             out.append(f'<rect class="bar" data-rank="{rank}" x="{left + b * w:.2f}" y="{y:.2f}"'
                        f' width="{max(w - 1, 0.5):.2f}" height="{h:.2f}" fill="{COLORS.get(comp, "#999")}">'
-                       f"<title>{e(label)}: {e(comp)} {e(human_bytes(n))}</title></rect>")
+                       f"<title>{esc(label)}: {esc(comp)} {esc(human_bytes(n))}</title></rect>")
         if len(groups) <= 32:
             out.append(f'<text x="{left + b * w + w / 2:.2f}" y="{top + height + 14}" text-anchor="middle">'
                        f"{rank}</text>")
     x = left
     for comp in COMPONENTS:
         out.append(f'<rect x="{x}" y="{top + height + 24}" width="10" height="10" fill="{COLORS.get(comp, "#999")}"/>'
-                   f'<text x="{x + 14}" y="{top + height + 33}">{e(comp)}</text>')
+                   f'<text x="{x + 14}" y="{top + height + 33}">{esc(comp)}</text>')
         x += 110
     out.append("</svg>")
     rows = [[Cell(str(k)), *(Cell(human_bytes(by_rank[k].get(c, 0))) for c in COMPONENTS),
@@ -166,16 +166,17 @@ def _pictures(r: AuditReport) -> Iterator[str]:
             if t is None:
                 continue
             if n == MAX_PICTURES:
-                yield f"<p>more tensors with a coverage problem: see `ckptinspect coverage {e(a.checkpoint.path)}`</p>"
+                yield ("<p>more tensors with a coverage problem: see <code>ckptinspect coverage"
+                       f" {esc(a.checkpoint.path)}</code></p>")
                 return
             n += 1
             p = chunk_picture(t)
             codes = sorted({f.code for f in a.findings if f.subject == key and f.code in COVERAGE_CODES})
             svg = picture_svg(p).replace(_SVG_NS, "", 1)
             cut = "; cut to the first 64 cells per side" if p.truncated else ""
-            yield (f'<figure class="coverage" data-key="{e(key)}">{svg}<figcaption><code>{e(key)}</code>'
-                   f" ({e(' '.join(codes))}) in <code>{e(_short(a.checkpoint.path))}</code>: red = gap, purple ="
-                   f" overlap, n = chunk index{e(cut)}</figcaption></figure>")
+            yield (f'<figure class="coverage" data-key="{esc(key)}">{svg}<figcaption><code>{esc(key)}</code>'
+                   f" ({esc(' '.join(codes))}) in <code>{esc(_short(a.checkpoint.path))}</code>: red = gap, purple ="
+                   f" overlap, n = chunk index{esc(cut)}</figcaption></figure>")
 
 
 # --- diff ----------------------------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def diff_html(r: DiffResult) -> str:
         parts.append(section("values", "values", f"<p>{len(v.compared)} tensor(s) compared ({v.elements_compared}"
                              f" elements), {len(v.identical)} identical, {len(v.skipped)} skipped</p>"))
     if r.notes:
-        parts.append(section("notes", "notes", "<ul>" + "".join(f"<li>{e(n)}</li>" for n in r.notes) + "</ul>"))
+        parts.append(section("notes", "notes", "<ul>" + "".join(f"<li>{esc(n)}</li>" for n in r.notes) + "</ul>"))
     return page("diff", verdict, f"{r.a.path} vs {r.b.path}", parts)
 
 

@@ -111,7 +111,7 @@ def csp_hash(block: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(block.encode("utf-8")).digest()).decode("ascii") + "'"
 
 
-def e(value: object) -> str:
+def esc(value: object) -> str:
     """Text or attribute value from anywhere (a checkpoint above all), escaped: `<`, `>`, `&` and both quotes."""
     return escape(str(value), quote=True)
 
@@ -159,37 +159,38 @@ class FilterTable:
 
     def to_html(self) -> str:
         codes = self.codes or sorted({r.code for r in self.rows})
-        sev_opts = "".join(f'<option value="{e(s)}">{e(s)}</option>' for s in self.severities)
-        code_opts = "".join(f'<option value="{e(c)}">{e(c)}</option>' for c in codes)
-        out = [f'<div class="controls" id="{e(self.id)}-controls">',
-               f'<label>{e(self.severity_label)} <select data-filter="severity"><option value="">all</option>'
+        sev_opts = "".join(f'<option value="{esc(s)}">{esc(s)}</option>' for s in self.severities)
+        code_opts = "".join(f'<option value="{esc(c)}">{esc(c)}</option>' for c in codes)
+        out = [f'<div class="controls" id="{esc(self.id)}-controls">',
+               f'<label>{esc(self.severity_label)} <select data-filter="severity"><option value="">all</option>'
                f"{sev_opts}</select></label>",
-               f'<label>{e(self.code_label)} <select data-filter="code"><option value="">all</option>'
+               f'<label>{esc(self.code_label)} <select data-filter="code"><option value="">all</option>'
                f"{code_opts}</select></label>",
                '<label>search <input type="search" data-filter="text"></label>',
                f'<span><span class="shown">{len(self.rows)}</span> of {len(self.rows)} shown</span></div>',
-               f'<table id="{e(self.id)}" class="sortable filterable" data-rows="{len(self.rows)}">'
+               f'<table id="{esc(self.id)}" class="sortable filterable" data-rows="{len(self.rows)}">'
                "<thead><tr>"]
-        out += [f'<th data-key="{e(c.key)}"' + (' data-type="number"' if c.number else "") + f">{e(c.title)}</th>"
+        out += [f'<th data-key="{esc(c.key)}"' + (' data-type="number"' if c.number else "") + f">{esc(c.title)}</th>"
                 for c in self.columns]
         out.append("</tr></thead><tbody>")
         for i, r in enumerate(self.rows):
-            cls = f' class="{e(r.cls)}"' if r.cls else ""
-            out.append(f'<tr data-index="{i}" data-severity="{e(r.severity)}" data-code="{e(r.code)}"{cls}>'
+            cls = f' class="{esc(r.cls)}"' if r.cls else ""
+            out.append(f'<tr data-index="{i}" data-severity="{esc(r.severity)}" data-code="{esc(r.code)}"{cls}>'
                        + "".join(_cell(c) for c in r.cells) + "</tr>")
         out.append("</tbody></table>")
         return "\n".join(out)
 
 
 def _cell(c: Cell) -> str:
-    attrs = (f' data-value="{e(c.value)}"' if c.value is not None else "") + (f' class="{e(c.cls)}"' if c.cls else "")
-    return f"<td{attrs}>{c.raw if c.raw is not None else e(c.text)}</td>"
+    attrs = (f' data-value="{esc(c.value)}"' if c.value is not None else "") \
+        + (f' class="{esc(c.cls)}"' if c.cls else "")
+    return f"<td{attrs}>{c.raw if c.raw is not None else esc(c.text)}</td>"
 
 
 def plain_table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], table_id: str | None = None) -> str:
     """A static table (no filter): the iterations of a save dir, the sides of a diff."""
-    out = [f'<table id="{e(table_id)}">' if table_id else "<table>", "<thead><tr>"]
-    out += [f"<th>{e(h)}</th>" for h in headers]
+    out = [f'<table id="{esc(table_id)}">' if table_id else "<table>", "<thead><tr>"]
+    out += [f"<th>{esc(h)}</th>" for h in headers]
     out.append("</tr></thead><tbody>")
     out += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows]
     out.append("</tbody></table>")
@@ -198,12 +199,12 @@ def plain_table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], table_id
 
 def counts_html(counts: Iterable[tuple[str, int]]) -> str:
     """`<dl id="counts">` of named counts; each `<dd data-count="NAME">` for scripts and tests."""
-    items = "".join(f'<div><dt>{e(name)}</dt><dd data-count="{e(name)}">{n}</dd></div>' for name, n in counts)
+    items = "".join(f'<div><dt>{esc(name)}</dt><dd data-count="{esc(name)}">{n}</dd></div>' for name, n in counts)
     return f'<dl class="counts" id="counts">{items}</dl>'
 
 
 def section(section_id: str, title: str, body: str) -> str:
-    return f'<section id="{e(section_id)}"><h2>{e(title)}</h2>\n{body}\n</section>'
+    return f'<section id="{esc(section_id)}"><h2>{esc(title)}</h2>\n{body}\n</section>'
 
 
 def page(command: str, verdict: str, subtitle: str, sections: Sequence[str]) -> str:
@@ -214,11 +215,12 @@ def page(command: str, verdict: str, subtitle: str, sections: Sequence[str]) -> 
             f'<meta http-equiv="Content-Security-Policy" content="{policy}">\n'
             '<meta name="referrer" content="no-referrer">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>ckptinspect {e(command)}: {e(verdict)} - {e(subtitle)}</title>\n<style>{_CSS}</style></head>\n")
-    body = (f'<body data-command="{e(command)}" data-verdict="{e(verdict)}">\n<header>'
-            f"<h1>ckptinspect {e(command)}</h1>"
-            f'<p><span class="verdict v-{e(verdict)}" id="verdict">{e(verdict)}</span> '
-            f'<span class="mono" id="subject">{e(subtitle)}</span></p></header>\n')
-    foot = (f"<footer>ckptinspect {e(__version__)}: a self-contained report; nothing on this page is fetched from "
+            f"<title>ckptinspect {esc(command)}: {esc(verdict)} - {esc(subtitle)}</title>\n"
+            f"<style>{_CSS}</style></head>\n")
+    body = (f'<body data-command="{esc(command)}" data-verdict="{esc(verdict)}">\n<header>'
+            f"<h1>ckptinspect {esc(command)}</h1>"
+            f'<p><span class="verdict v-{esc(verdict)}" id="verdict">{esc(verdict)}</span> '
+            f'<span class="mono" id="subject">{esc(subtitle)}</span></p></header>\n')
+    foot = (f"<footer>ckptinspect {esc(__version__)}: a self-contained report; nothing on this page is fetched from "
             "anywhere.</footer>\n")
     return head + body + "\n".join(sections) + "\n" + foot + f"<script>{_JS}</script>\n</body></html>\n"
