@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from typer.testing import CliRunner
@@ -132,6 +133,11 @@ def test_hostile_keys_do_not_run_with_or_without_the_csp(chromium: str, tmp_path
         keys = sorted(str(a["data-key"]) for a in dom.all("figure") if a.get("class") == "coverage")
         assert keys == sorted([IMG_KEY, SCRIPT_KEY])
         assert dom.text.count(IMG_KEY) >= 3 and dom.text.count(SCRIPT_KEY) >= 3
+    # the URL fragment is compared with the filter's options, never written into the page
+    hostile = quote(IMG_KEY, safe="")
+    dom, requests = load(chromium, page, f"#severity={hostile}&code={hostile}&sort={hostile}")
+    assert requests == [] and PWNED not in title(dom) and not dom.all("img")
+    assert len(shown_codes(dom)) == len(dom.body_rows("findings-table")) == 3  # an unknown filter filters nothing
     screenshot(chromium, page)
 
 
