@@ -42,7 +42,8 @@ class ProgressMode(str, enum.Enum):
 
 
 
-OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="text | json | markdown | junit | sarif | html")]
+OutputOpt = Annotated[Output, typer.Option("--output", "-o",
+                                           help="text | json | markdown | junit | sarif | html | csv")]
 FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="exit 1 on findings at or above: error | warning | never")]
 SelectOpt = Annotated[list[str] | None, typer.Option("--select", help="only findings whose code starts with this")]
 IgnoreOpt = Annotated[list[str] | None, typer.Option("--ignore", help="drop findings whose code starts with this")]
