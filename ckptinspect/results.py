@@ -70,7 +70,8 @@ class _Result:
     __slots__ = ()
     COMMAND: ClassVar[str]
     # The `--output` formats this result renders itself in: `to_text()` (a rich renderable; a plain str is printed as
-    # is), `to_json()`, and `to_markdown()` / `to_junit()` / `to_sarif()` where listed. The CLI asks nothing else.
+    # is), `to_json()`, and `to_markdown()` / `to_junit()` / `to_sarif()` / `to_html()` where listed. The CLI asks
+    # nothing else.
     OUTPUTS: ClassVar[tuple[str, ...]] = ("text", "json")
 
     @property
@@ -215,7 +216,7 @@ class AuditResult(_Result):
     """`audit PATH`: `status`, every finding, and `report` (per-checkpoint audits, save dir, summary)."""
 
     COMMAND = "audit"
-    OUTPUTS = ("text", "json", "markdown", "junit", "sarif")
+    OUTPUTS = ("text", "json", "markdown", "junit", "sarif", "html")
     report: AuditReport
 
     @property
@@ -263,6 +264,12 @@ class AuditResult(_Result):
                                          deciding={id(f) for f in self.deciding_findings},
                                          root_is_file=_is_file(r.path), properties=props))
 
+    def to_html(self) -> str:
+        """The self-contained HTML report `ckptinspect audit -o html` prints (render/html.py)."""
+        from ckptinspect.render.html import audit_html
+
+        return audit_html(self.report)
+
 
 class DiffVerdict(StrEnum):
     """`DiffResult.verdict`."""
@@ -277,6 +284,7 @@ class DiffResult(_Result):
     """`diff A B`: `blocking` (a resume or comparison would break), and `report` (args, tensors, objects, values)."""
 
     COMMAND = "diff"
+    OUTPUTS = ("text", "json", "html")
     report: _Diff
 
     @property
@@ -303,6 +311,12 @@ class DiffResult(_Result):
         from ckptinspect.render.diff_text import render_diff
 
         return render_diff(self.report)
+
+    def to_html(self) -> str:
+        """The self-contained HTML report `ckptinspect diff A B -o html` prints (render/html.py)."""
+        from ckptinspect.render.html import diff_html
+
+        return diff_html(self.report)
 
 
 @dataclass(frozen=True, slots=True)

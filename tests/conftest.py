@@ -10,8 +10,8 @@ below turns any skip whose reason says a file or sample is missing into a failur
 pass as "N passed, M skipped".
 
 Markers (registered in pyproject.toml): `storage` is set here, on every test that uses an object-storage server
-fixture (`s3_server`, `gcs_server`, `azurite_server`, or a fixture built on one); `slow`, `fuzz` and `live` are set
-on the tests themselves. The fast loop (CONTRIBUTING.md) deselects all four.
+fixture (`s3_server`, `gcs_server`, `azurite_server`, or a fixture built on one); `slow`, `fuzz`, `live` and
+`browser` are set on the tests themselves. The fast loop (CONTRIBUTING.md) deselects all five.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ class Output(str, enum.Enum):
     JUNIT = "junit"
     SARIF = "sarif"  # audit, scan, manifest verify / merge
     CSV = "csv"  # values
+    HTML = "html"  # audit, diff
 
 
 class ProgressMode(str, enum.Enum):
@@ -41,7 +42,8 @@ class ProgressMode(str, enum.Enum):
 
 
 
-OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="text | json | markdown | junit | sarif")]
+OutputOpt = Annotated[Output, typer.Option("--output", "-o",
+                                           help="text | json | markdown | junit | sarif | html | csv")]
 FailOnOpt = Annotated[FailOn, typer.Option("--fail-on", help="exit 1 on findings at or above: error | warning | never")]
 SelectOpt = Annotated[list[str] | None, typer.Option("--select", help="only findings whose code starts with this")]
 IgnoreOpt = Annotated[list[str] | None, typer.Option("--ignore", help="drop findings whose code starts with this")]
@@ -209,7 +211,7 @@ def only(output: Output, allowed: tuple[str, ...]) -> None:
 
 def emit_result(result: Any, output: Output, **text_options: Any) -> None:
     """Print `result` in `output`: every command renders through this one door (the result renders itself:
-    `to_text(**text_options)`, `to_json()`, `to_markdown()`, `to_junit()`, `to_sarif()`)."""
+    `to_text(**text_options)`, `to_json()`, `to_markdown()`, `to_junit()`, `to_sarif()`, `to_html()`)."""
     if output is Output.TEXT:
         out = result.to_text(**text_options)
         if isinstance(out, str):

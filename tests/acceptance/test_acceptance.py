@@ -6,7 +6,8 @@ byte-identical afterwards (the tool never writes into a checkpoint). Hostile-pic
 real subprocesses and must leave their marker file uncreated; the rest run in-process through typer's CliRunner.
 Every document must validate against `docs/schema/audit.schema.json`, and `ckptinspect.audit(PATH)` must return
 the same document (`to_dict()`) and the same exit code (`exit_code()`); its SARIF (`to_sarif()`, `-o sarif`) must
-validate against the SARIF 2.1.0 schema (`tests/support/sarif_schema.py`) with one result per finding.
+validate against the SARIF 2.1.0 schema (`tests/support/sarif_schema.py`) with one result per finding, and its HTML
+report (`to_html()`) must be self-contained and hold the status and one row per finding (`tests/support/html_doc.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ckptinspect.cli.app import app
 from ckptinspect.findings import CODES, Status
 from corpus import ACCEPTANCE_CASES as CASES
 from corpus import Case, Ctx, case_named, missing_source
+from html_doc import assert_audit_report
 from sarif_schema import sarif_doc
 from schemas import validate_document
 
@@ -145,6 +147,8 @@ def test_audit(case: Case, tmp_path: Path) -> None:
     sarif = sarif_doc(r.to_sarif())
     assert [x["ruleId"] for x in sarif["runs"][0]["results"]] == [f["code"] for f in doc["findings"]]
     assert sarif["runs"][0]["properties"]["status"] == doc["status"]
+    # `-o html`: self-contained (CSP over its own blocks, nothing loaded), the status, one row per finding, escaped
+    assert_audit_report(r.to_html(), doc)
     assert not ctx.marker.exists(), "a pickle from the checkpoint was executed by ckptinspect.audit"
 
 
