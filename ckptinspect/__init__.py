@@ -30,6 +30,7 @@ from ckptinspect.api import (
     merge_manifest_reports,
     read,
     resume,
+    retain,
     scan,
     sniff,
     verify_manifest,
@@ -61,6 +62,7 @@ from ckptinspect.results import (
     LsResult,
     ManifestResult,
     ResumeResult,
+    RetainResult,
     ScanResult,
     SniffResult,
     WrittenManifestResult,
@@ -90,7 +92,7 @@ __all__ = [
     "__version__",
     # one function per command
     "sniff", "read", "ls", "info", "audit", "diff", "resume", "coverage", "verify_manifest", "write_manifest",
-    "merge_manifest_reports", "scan", "estimate",
+    "merge_manifest_reports", "scan", "estimate", "retain",
     # values
     "Status", "Severity", "Finding", "FailOn", "FailOnLike", "GptDescription",
     # verdict enums: a sniff's state, a resume's verdict and each component's outcome
@@ -100,7 +102,7 @@ __all__ = [
     "Format", "Kind", "Stack", "ShardedBackend",
     # results
     "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult", "CoverageResult",
-    "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult",
+    "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult", "RetainResult",
     # errors
     "CkptInspectError", "UsageError", "BrokenSaveDir", "ReadError", "LimitExceeded", "StorageError",
 ]
