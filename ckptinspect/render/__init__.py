@@ -6,5 +6,5 @@ goes. One module per output format, plus one per command whose text is its own:
 - `json_doc.py` (every command's JSON document, the envelope), `markdown.py`, `junit.py`, `sarif.py`, `frames.py`
   (`info --csv`), `svg.py` (`coverage --svg`), `estimate_svg.py` (`estimate --svg`);
 - `text.py` (sniff / ls / info / audit / coverage / manifest text), `diff_text.py`, `resume_text.py`,
-  `estimate_text.py`, `scan.py` (scan as text and markdown).
+  `estimate_text.py`, `retain_text.py`, `scan.py` (scan as text and markdown).
 """
