@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptinspect.commands.retain.facts import IterationFacts, SaveDirFacts, TrackerState, read_facts
+from ckptinspect.commands.retain.facts import IterationFacts, ManifestState, SaveDirFacts, TrackerState, read_facts
 from ckptinspect.errors import UsageError
 from ckptinspect.findings import Finding, Status, status_of
 from ckptinspect.model import StrEnum
@@ -74,13 +74,14 @@ class RetainPolicy:
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One iteration dir of the plan: kept when some rule keeps it (`reasons`, never empty then), else it could be
-    deleted; `location` its full path."""
+    deleted; `location` its full path; `manifest` its integrity manifest as checked."""
 
     name: str
     iteration: int | str
     status: Status
     reasons: tuple[Reason, ...]
     location: str
+    manifest: ManifestState
 
     @property
     def kept(self) -> bool:
@@ -88,7 +89,7 @@ class Entry:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "iteration": self.iteration, "status": self.status.value,
-                "reasons": [r.value for r in self.reasons]}
+                "manifest": self.manifest.value, "reasons": [r.value for r in self.reasons]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +192,7 @@ def plan_retention(facts: SaveDirFacts, policy: RetainPolicy) -> RetainPlan:
             findings.append(Finding("CK523", f"--keep {wanted}: no such iteration in {label}", str(wanted), label,
                                     {"keep": wanted}))
     entries = tuple(Entry(i.name, i.iteration, i.status, tuple(sorted(reasons[i.name], key=_ORDER.__getitem__)),
-                          i.location) for i in its)
+                          i.location, i.manifest) for i in its)
     return RetainPlan(label, policy, facts.tracker, facts.tracker_raw, facts.tracked, entries, tuple(findings))
 
 

@@ -223,6 +223,17 @@ def test_an_unparseable_tracker_deletes_nothing(tmp_path: Path) -> None:
     assert _codes(plan)[:2] == ["CK502", "CK521"]
 
 
+def test_a_tracker_being_written_deletes_nothing(tmp_path: Path) -> None:
+    """An empty tracker modified a moment ago: Megatron is writing it (CK133), its target is not known yet."""
+    root = _save_dir(tmp_path / "run", {n: TORCH_DIST for n in range(1, 4)}, "")
+    os.utime(root / TRACKER)
+    plan = _plan(root, keep_last=1)
+    assert plan.delete == () and plan.tracker.value == "unknown"
+    assert _codes(plan)[:2] == ["CK133", "CK521"]
+    os.utime(root / TRACKER, (OLD, OLD))  # an empty tracker an hour old is unparseable (CK502): still unknown
+    assert _plan(root, keep_last=1).delete == ()
+
+
 def test_a_tracker_naming_a_missing_iteration_keeps_the_newest_complete(tmp_path: Path) -> None:
     root = _save_dir(tmp_path / "run", {n: TORCH_DIST for n in range(1, 4)}, "9")
     plan = _plan(root, keep_last=1)
@@ -257,8 +268,9 @@ def test_a_manifest_that_disagrees_under_hash_makes_the_newest_not_complete(tmp_
     assert hashed.delete == ()
     assert _reasons(hashed) == {_name(400): ("tracked", "resume-pick"), _name(500): ("newest-complete", "keep-last"),
                                 _name(600): ("in-flight",)}
-    entry = {e.name: e for e in hashed.entries}[_name(600)]
-    assert entry.status is Status.CORRUPT
+    entries = {e.name: e for e in hashed.entries}
+    assert entries[_name(600)].status is Status.CORRUPT
+    assert [entries[_name(n)].manifest.value for n in (400, 500, 600)] == ["hashed", "hashed", "failed"]
     assert read_facts(root, hash_files=True).iterations[-1].manifest.value == "failed"
 
 
