@@ -82,6 +82,7 @@ def test_retain_never_deletes_the_only_complete_checkpoint_of_a_live_save(tmp_pa
     it2 = []
     for doc in polls:
         _safe(doc)
+        assert IT2 not in doc["delete"], doc  # being written, then the newest complete: never deletable
         keep = {k["name"]: k for k in doc["keep"]}
         if IT2 in keep:
             it2.append(keep[IT2]["status"])
