@@ -293,6 +293,33 @@ def test_torchtitan_without_a_tracker(tmp_path: Path) -> None:
     assert _reasons(plan) == {"step-2": ("resume-pick", "newest-complete", "keep-last")}
 
 
+@pytest.mark.parametrize("sample", ["legacy", "megatron_fsdp"])
+def test_other_megatron_layouts(sample: str, tmp_path: Path) -> None:
+    """A legacy (`mp_rank_*`) and a Megatron FSDP (`fsdp_dtensor`) iteration, three copies each."""
+    src = SAMPLES / sample / "iter_0000001"
+    root = _save_dir(tmp_path / "run", {n: src for n in (1, 2, 3)}, "3")
+    plan = _plan(root, keep_last=1)
+    assert {e.status for e in plan.entries} == {Status.COMPLETE}
+    assert plan.delete == (_name(1), _name(2))
+    assert _reasons(plan) == {_name(3): ("tracked", "resume-pick", "newest-complete", "keep-last")}
+
+
+def test_nemo2_checkpoints_with_an_unfinished_one(tmp_path: Path) -> None:
+    """NeMo 2 `…-step=N` checkpoint dirs (copies of the real one); the newest still has NeMo's `-unfinished`
+    marker: not complete, newer than every complete one, so kept as in flight; the stack's pick is step 2."""
+    (src,) = (SAMPLES / "nemo2" / "checkpoints").iterdir()
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    names = {n: src.name.replace("step=1", f"step={n}") for n in (1, 2, 3)}
+    for name in names.values():
+        shutil.copytree(src, root / name)
+    (root / f"{names[3]}-unfinished").write_text("")
+    _touch_all(root, OLD)
+    plan = _plan(root, keep_last=1)
+    assert plan.delete == (names[1],)
+    assert _reasons(plan) == {names[2]: ("resume-pick", "newest-complete", "keep-last"), names[3]: ("in-flight",)}
+
+
 def test_nemo2_single_checkpoint_is_kept() -> None:
     root = SAMPLES / "nemo2" / "checkpoints"
     plan = _plan(root, keep_last=0)
