@@ -141,7 +141,10 @@ def plan_retention(facts: SaveDirFacts, policy: RetainPolicy) -> RetainPlan:
     findings: list[Finding] = list(facts.findings)
     complete = [i for i in its if i.status is Status.COMPLETE]
     numbered_complete = sorted((i for i in complete if i.numbered), key=lambda i: int(i.iteration))
-    tracked = next((i for i in its if facts.tracker is TrackerState.NAMES and i.iteration == facts.tracked), None)
+    # every dir of the tracked iteration (`iter_0000002` and a stray `iter_2` alike), Megatron's own name first
+    tracked_dirs = sorted((i for i in its if facts.tracker is TrackerState.NAMES and i.iteration == facts.tracked),
+                          key=lambda i: i.name != _iter_name(facts.tracked))
+    tracked = tracked_dirs[0] if tracked_dirs else None
     label = facts.path
     if not complete:
         findings.append(Finding("CK520", f"no complete checkpoint in {label}: nothing may be deleted", None, label,
@@ -159,8 +162,8 @@ def plan_retention(facts: SaveDirFacts, policy: RetainPolicy) -> RetainPlan:
         findings.append(Finding("CK521", f"the tracker names {name}, which {what}: it is kept (a resume loads it)"
                                 + fallback, name, label,
                                 {"iteration": facts.tracked, "status": tracked.status.value if tracked else None}))
-    if tracked is not None:
-        reasons[tracked.name].add(Reason.TRACKED)
+    for i in tracked_dirs:
+        reasons[i.name].add(Reason.TRACKED)
     if facts.resume_pick is not None and facts.resume_pick in reasons:
         reasons[facts.resume_pick].add(Reason.RESUME_PICK)
     if numbered_complete:
@@ -182,7 +185,7 @@ def plan_retention(facts: SaveDirFacts, policy: RetainPolicy) -> RetainPlan:
             reasons[i.name].add(Reason.RELEASE)
         if policy.keep_every is not None and i.numbered and int(i.iteration) % policy.keep_every == 0:
             reasons[i.name].add(Reason.KEEP_EVERY)
-    for i in numbered_complete[len(numbered_complete) - policy.keep_last:] if policy.keep_last else ():
+    for i in numbered_complete[max(0, len(numbered_complete) - policy.keep_last):] if policy.keep_last else ():
         reasons[i.name].add(Reason.KEEP_LAST)
     for wanted in policy.keep:
         hit = [i for i in its if _names(i, wanted)]

@@ -223,6 +223,16 @@ def test_an_unparseable_tracker_deletes_nothing(tmp_path: Path) -> None:
     assert _codes(plan)[:2] == ["CK502", "CK521"]
 
 
+def test_every_dir_of_the_tracked_iteration_is_kept(tmp_path: Path) -> None:
+    """A stray `iter_3` beside Megatron's `iter_0000003`: both are iteration 3, the tracker's; neither goes."""
+    root = _save_dir(tmp_path / "run", {n: TORCH_DIST for n in range(1, 4)}, "3")
+    shutil.copytree(TORCH_DIST, root / "iter_3")
+    _touch_all(root, OLD)
+    plan = _plan(root, keep_last=1)
+    assert plan.delete == (_name(1), _name(2))
+    assert {n for n, r in _reasons(plan).items() if "tracked" in r} == {"iter_3", _name(3)}
+
+
 def test_a_tracker_being_written_deletes_nothing(tmp_path: Path) -> None:
     """An empty tracker modified a moment ago: Megatron is writing it (CK133), its target is not known yet."""
     root = _save_dir(tmp_path / "run", {n: TORCH_DIST for n in range(1, 4)}, "")
@@ -350,5 +360,7 @@ def test_the_plan_is_a_pure_function_of_the_facts(tmp_path: Path) -> None:
     root = _save_dir(tmp_path / "run", {n: TORCH_DIST for n in range(1, 4)}, "3")
     facts = read_facts(root)
     assert plan_retention(facts, RetainPolicy(1)) == plan_retention(facts, RetainPolicy(1))
-    assert plan_retention(facts, RetainPolicy(3)).delete == ()
+    for n in (3, 4, 5, 7):  # more than there are: every complete one is kept
+        assert plan_retention(facts, RetainPolicy(n)).delete == (), n
+    assert plan_retention(facts, RetainPolicy(2)).delete == (_name(1),)
     assert plan_retention(facts, RetainPolicy(0)).delete == (_name(1), _name(2))
