@@ -149,7 +149,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK515", "error", "corrupt", "stack", "Megatron FSDP: a SwiGLU linear_fc1 half (_w/_v) missing or misshaped"),
         _c("CK516", "warning", None, "stack", "Megatron FSDP: rng_state \"(pp, tp)\" grid cell missing, malformed or partial"),
         _c("CK517", "error", "corrupt", "stack", "Megatron FSDP: optimizer state without (or with partial) param_to_group_meta"),
-        _c("CK520", "error", None, "retain", "no complete checkpoint in the save dir: nothing may be deleted"),
+        _c("CK520", "error", "incomplete", "retain", "no complete checkpoint in the save dir: nothing may be deleted"),
         _c("CK521", "warning", None, "retain", "the tracker does not name a complete iteration (kept; or unreadable: "
            "nothing deleted)"),
         _c("CK522", "info", None, "retain", "a save that may still be in flight is kept"),

@@ -213,6 +213,10 @@ def test_no_complete_checkpoint_deletes_nothing(tmp_path: Path) -> None:
     assert all(Reason.NO_COMPLETE_CHECKPOINT in k.reasons for k in plan.keep) and len(plan.keep) == 3
     assert "CK520" in _codes(plan)
     assert ckptinspect.retain(root, keep_last=0).exit_code() == 1
+    (root / TRACKER).unlink()  # no tracker either: CK520 alone says the dir holds nothing complete
+    plan = _plan(root, keep_last=0)
+    assert plan.delete == () and plan.status is Status.INCOMPLETE
+    assert [c for c in _codes(plan) if c in ("CK520", "CK521", "CK523")] == ["CK520"]
 
 
 def test_an_unparseable_tracker_deletes_nothing(tmp_path: Path) -> None:
