@@ -28,10 +28,13 @@ from ckptinspect.api import (
     info,
     ls,
     merge_manifest_reports,
+    merge_values_reports,
     read,
     resume,
+    retain,
     scan,
     sniff,
+    values,
     verify_manifest,
     write_manifest,
 )
@@ -61,8 +64,10 @@ from ckptinspect.results import (
     LsResult,
     ManifestResult,
     ResumeResult,
+    RetainResult,
     ScanResult,
     SniffResult,
+    ValuesResult,
     WrittenManifestResult,
 )
 
@@ -90,7 +95,7 @@ __all__ = [
     "__version__",
     # one function per command
     "sniff", "read", "ls", "info", "audit", "diff", "resume", "coverage", "verify_manifest", "write_manifest",
-    "merge_manifest_reports", "scan", "estimate",
+    "merge_manifest_reports", "scan", "estimate", "retain", "values", "merge_values_reports",
     # values
     "Status", "Severity", "Finding", "FailOn", "FailOnLike", "GptDescription",
     # verdict enums: a sniff's state, a resume's verdict and each component's outcome
@@ -100,7 +105,8 @@ __all__ = [
     "Format", "Kind", "Stack", "ShardedBackend",
     # results
     "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult", "CoverageResult",
-    "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult",
+    "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult", "RetainResult",
+    "ValuesResult",
     # errors
     "CkptInspectError", "UsageError", "BrokenSaveDir", "ReadError", "LimitExceeded", "StorageError",
 ]

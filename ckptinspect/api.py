@@ -28,6 +28,7 @@ from ckptinspect.results import (
     LsResult,
     ManifestResult,
     ResumeResult,
+    RetainResult,
     ScanResult,
     SniffResult,
     ValuesResult,
@@ -265,6 +266,24 @@ def scan(path: PathLike, *, select: Sequence[str] = (), ignore: Sequence[str] = 
     p, label = _path(path)
     _exists(p, label)
     return ScanResult(scan_path(p, label, tuple(select), tuple(ignore)))
+
+
+def retain(path: PathLike, *, keep_last: int, keep_every: int | None = None, keep: Sequence[int | str] = (),
+           hash_files: bool = False, storage_options: StorageOptions = None) -> RetainResult:
+    """A read-only retention plan for a save dir (`ckptinspect retain`): which iteration dirs could be deleted
+    (`delete`, `report.delete_paths`) and why each kept one stays (`report.keep`). Never the tracker's target, the
+    newest complete iteration, a save that may still be in flight, a `keep` milestone; `keep_last` newest complete
+    ones and every `keep_every`-th iteration are kept too. `hash_files`: an iteration with a manifest counts as
+    complete only once every listed file's SHA-256 matched (else the manifest is checked at metadata level).
+    Deletes nothing. `UsageError` for a PATH that is not a save dir, or a negative `keep_last`."""
+    _storage(storage_options)
+    from ckptinspect.commands.retain import RetainPolicy
+    from ckptinspect.commands.retain import retain as do_retain
+    from ckptinspect.commands.retain.plan import parse_keep
+
+    p, label = _path(path)
+    policy = RetainPolicy(keep_last, keep_every, parse_keep(str(k) for k in keep))
+    return RetainResult(do_retain(p, policy, label, hash_files))
 
 
 def estimate(*, params: float | None = None, description: GptDescription | None = None,

@@ -149,6 +149,11 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK515", "error", "corrupt", "stack", "Megatron FSDP: a SwiGLU linear_fc1 half (_w/_v) missing or misshaped"),
         _c("CK516", "warning", None, "stack", "Megatron FSDP: rng_state \"(pp, tp)\" grid cell missing, malformed or partial"),
         _c("CK517", "error", "corrupt", "stack", "Megatron FSDP: optimizer state without (or with partial) param_to_group_meta"),
+        _c("CK520", "error", "incomplete", "retain", "no complete checkpoint in the save dir: nothing may be deleted"),
+        _c("CK521", "warning", None, "retain", "the tracker does not name a complete iteration (kept; or unreadable: "
+           "nothing deleted)"),
+        _c("CK522", "info", None, "retain", "a save that may still be in flight is kept"),
+        _c("CK523", "warning", None, "retain", "a --keep milestone does not exist in the save dir"),
         _c("CK601", "error", "unsafe", "safety", "pickle references a dangerous callable (not executed)"),
         _c("CK602", "warning", None, "safety", "pickle references a global outside the allowlist"),
         _c("CK603", "error", "corrupt", "safety", "pickle or archive exceeds the reader's resource bounds"),

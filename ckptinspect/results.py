@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ckptinspect.commands.manifest.manifest import WrittenManifest
     from ckptinspect.services.integrity_report import ManifestReport
     from ckptinspect.commands.resume.model import ResumePrediction, Verdict
+    from ckptinspect.commands.retain import RetainPlan
     from ckptinspect.services.safety_scan import ScanReport
     from ckptinspect.formats.sniff import SniffReport, SniffState
     from ckptinspect.model import Checkpoint, Format, Kind
@@ -478,3 +479,26 @@ class EstimateResult(_Result):
         from ckptinspect.render.estimate_text import render_estimate
 
         return render_estimate(self.estimate)
+
+
+@dataclass(frozen=True, slots=True)
+class RetainResult(_ReportResult["RetainPlan"]):
+    """`retain SAVE_DIR --keep-last N ...`: a read-only retention plan (`report`: `delete`, `delete_paths`, `keep`
+    with each kept iteration's reasons); `status` and findings: the save dir's own (tracker) and CK520-CK523.
+    Nothing is deleted."""
+
+    COMMAND = "retain"
+    report: RetainPlan
+
+    @property
+    def delete(self) -> tuple[str, ...]:
+        return self.report.delete
+
+    def to_print0(self) -> str:
+        """The full paths of the delete list, each followed by NUL (`--print0`, for `xargs -0 rm -rf`)."""
+        return "".join(p + "\0" for p in self.report.delete_paths)
+
+    def to_text(self) -> RenderableType:
+        from ckptinspect.render.retain_text import render_retain
+
+        return render_retain(self.report)

@@ -11,6 +11,8 @@
 - `manifest/`: `manifest.py` writes `integrity.json`; `report.py` merges shard reports (verifying is
   `services/integrity_verify.py`).
 - `resume/`: the rule table that predicts what a resume restores (its `__init__` names the modules in order).
+- `retain/`: `facts.py` reads a save dir for a retention plan (each iteration classified, manifest checked, age
+  rule); `plan.py` the pure rules deciding which iteration dirs could be deleted and why each kept one stays.
 - `values/`: the value scan: `scan.py` units of work read in bounded pieces, `report.py` per-tensor results and the
   `--shard` merge, `rules.py` the value findings (CK901-CK910).
 - `scan/`: `scan.py` the walk over a path's directories (one file's scan is `services/safety_scan.py`).

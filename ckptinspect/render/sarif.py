@@ -79,6 +79,7 @@ _FAMILY_SUBJECT = {
     "format": Subject.FILE, "legacy": Subject.FILE, "stack": Subject.FILE, "storage": Subject.FILE,
     "integrity": Subject.FILE, "tracker": Subject.FILE, "safety": Subject.PICKLE, "coverage": Subject.TENSOR,
     "objects": Subject.OBJECT, "args": Subject.ARG, "estimate": Subject.FILE,
+    "retain": Subject.FILE,
 }
 _CODE_SUBJECT = {
     "CK205": Subject.TENSOR, "CK208": Subject.TENSOR,  # a stored item (details: file, offset, length)

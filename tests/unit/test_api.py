@@ -27,6 +27,7 @@ PUBLIC = {
     "write_manifest", "merge_manifest_reports", "scan", "estimate", "Status", "Severity", "Finding", "FailOn",
     "GptDescription", "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult",
     "CoverageResult", "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult", "CkptInspectError",
+    "retain", "RetainResult",
     "UsageError", "BrokenSaveDir", "ReadError", "LimitExceeded", "StorageError", "FailOnLike",
     # the verdict enums and the neutral model `read()` returns
     "SniffState", "Verdict", "Outcome", "Checkpoint", "Tensor", "Chunk", "ChunkTable", "StoredItem", "ObjectItem",
@@ -112,6 +113,11 @@ CASES: list[tuple[str, Callable[[Path], Any], Callable[[Path], tuple[str, ...]],
      ("error",)),
     ("diff", lambda p: ckptinspect.diff(SAMPLES / "torch_dist" / "iter_0000001", p),
      lambda p: ("diff", str(SAMPLES / "torch_dist" / "iter_0000001"), str(p)), ("error",)),
+    ("retain", lambda p: ckptinspect.retain(p, keep_last=1, keep=(1, 9)),
+     lambda p: ("retain", str(p), "--keep-last", "1", "--keep", "1", "--keep", "9"), FAIL_ONS),
+    ("values", lambda p: ckptinspect.values(p), lambda p: ("values", str(p), "--progress", "none"), FAIL_ONS),
+    ("audit-values", lambda p: ckptinspect.audit(p, values=True),
+     lambda p: ("audit", str(p), "--values", "--progress", "none"), FAIL_ONS),
 ]
 PATHS = ["torch_dist", "torch_dist/iter_0000001", "torch_dist_fully", "dcp", "legacy"]
 

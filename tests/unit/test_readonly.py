@@ -50,6 +50,7 @@ def _results() -> list[Any]:
         ckptinspect.scan(s / "dcp"), ckptinspect.coverage(s / "dcp"),
         ckptinspect.diff(s / "torch_dist", s / "torch_dist_fully"), ckptinspect.resume(s / "torch_dist", tp=1, pp=1),
         ckptinspect.sniff(s / "nemo2"), ckptinspect.verify_manifest(s / "mcore_0_19_2"),
+        ckptinspect.retain(s / "torch_dist", keep_last=1, keep=(1, 9)),
     ]
 
 

@@ -20,7 +20,7 @@ from schemas import SCHEMAS, validate_document, validator
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "sample_ckpts"
 COMMANDS = ("sniff", "ls", "info", "audit", "coverage", "diff", "resume", "scan", "manifest verify",
-            "manifest merge", "manifest write", "estimate", "values")
+            "manifest merge", "manifest write", "estimate", "values", "retain")
 
 
 def test_one_schema_per_command() -> None:
@@ -59,6 +59,8 @@ def test_every_command_on_the_samples(path: str, tmp_path: Path) -> None:
     p = str(SAMPLES / path)
     runs = [("sniff", p), ("ls", p), ("info", p), ("audit", p, "--all"), ("coverage", p), ("scan", p),
             ("diff", str(SAMPLES / "torch_dist" / "iter_0000001"), p), ("manifest", "verify", p)]
+    if path == "torch_dist":  # retain plans over save dirs only (a checkpoint: a usage error, exit 2)
+        runs.append(("retain", p, "--keep-last", "1"))
     if not path.startswith("dcp"):  # resume predicts Megatron checkpoints only (DCP: a usage error, exit 2)
         runs.append(("resume", p, "--tp", "1", "--pp", "1"))
     for args in runs:
@@ -93,7 +95,7 @@ def test_broken_save_dir_documents(tmp_path: Path) -> None:
         shutil.rmtree(save / iteration)
     for args in (("info", str(save)), ("coverage", str(save)), ("resume", str(save), "--tp", "1", "--pp", "1"),
                  ("manifest", "verify", str(save)), ("audit", str(save)), ("ls", str(save)), ("scan", str(save)),
-                 ("sniff", str(save))):
+                 ("sniff", str(save)), ("retain", str(save), "--keep-last", "1")):
         doc = _json(*args)
         validate_document(doc)
         if args[0] in ("info", "coverage", "resume", "audit"):
