@@ -27,7 +27,7 @@ PUBLIC = {
     "write_manifest", "merge_manifest_reports", "scan", "estimate", "Status", "Severity", "Finding", "FailOn",
     "GptDescription", "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult",
     "CoverageResult", "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult", "CkptInspectError",
-    "retain", "RetainResult",
+    "retain", "RetainResult", "values", "merge_values_reports", "ValuesResult",
     "UsageError", "BrokenSaveDir", "ReadError", "LimitExceeded", "StorageError", "FailOnLike",
     # the verdict enums and the neutral model `read()` returns
     "SniffState", "Verdict", "Outcome", "Checkpoint", "Tensor", "Chunk", "ChunkTable", "StoredItem", "ObjectItem",
