@@ -142,14 +142,18 @@ def audit(path: PathLike, *, deep: bool = False, hash_files: bool = False, all_i
 
 
 def diff(a: PathLike, b: PathLike, *, values: bool = False, progress: ProgressHook | None = None,
+         atol: float = 0.0, rtol: float = 0.0, ignore: Sequence[str] = (),
          storage_options: StorageOptions = None) -> DiffResult:
-    """Args diff (classified, blocking or not) and tensor diff of two checkpoints (`ckptinspect diff`)."""
+    """Args diff (classified, blocking or not) and tensor diff of two checkpoints (`ckptinspect diff`). `atol` /
+    `rtol`: value tolerances for `values=True`; `ignore`: tensor key globs left out on both sides."""
     _storage(storage_options)
     from ckptinspect.commands.diff.diff import diff_paths
+    from ckptinspect.commands.diff.tolerance import Tolerance
 
     pa, la = _path(a)
     pb, lb = _path(b)
-    return DiffResult(diff_paths(pa, pb, values=values, progress=progress, a_label=la, b_label=lb))
+    tol = Tolerance(atol, rtol, tuple(ignore))
+    return DiffResult(diff_paths(pa, pb, values=values, progress=progress, a_label=la, b_label=lb, tolerance=tol))
 
 
 def resume(path: PathLike, *, tp: int, pp: int, dp: int | None = None, ep: int | None = None,

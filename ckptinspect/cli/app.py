@@ -198,7 +198,13 @@ def coverage(
 def diff(
     a: Annotated[Path, location_arg("checkpoint or save dir A (local path or URL)")],
     b: Annotated[Path, location_arg("checkpoint or save dir B (local path or URL)")],
-    values: Annotated[bool, typer.Option("--values", help="also compare tensor contents chunk by chunk")] = False,
+    values: Annotated[bool, typer.Option("--values", help="also compare tensor contents (equal value fingerprints "
+                                         "first, then chunk by chunk)")] = False,
+    atol: Annotated[float, typer.Option("--atol", help="with --values: |a-b| <= atol + rtol*|b| is equal")] = 0.0,
+    rtol: Annotated[float, typer.Option("--rtol", help="with --values: relative tolerance (see --atol)")] = 0.0,
+    ignore_keys: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="KEY_GLOB",
+                                                             help="leave tensor keys matching this glob out on both "
+                                                             "sides (repeatable), e.g. '*._extra_state'")] = None,
     output: OutputOpt = Output.TEXT,
     progress: ProgressOpt = ProgressMode.AUTO,
     debug: DebugOpt = False,
@@ -211,7 +217,7 @@ def diff(
         only(output, DiffResult.OUTPUTS)
         with progress_bar(output is Output.TEXT and values, "values", progress, long=values,
                           command="diff") as hook:
-            r = do_diff(a, b, values=values, progress=hook)
+            r = do_diff(a, b, values=values, progress=hook, atol=atol, rtol=rtol, ignore=ignore_keys or ())
         emit_result(r, output)
         return r.exit_code()
 

@@ -27,6 +27,7 @@ from ckptinspect.errors import UNREAD_CODE, ReadError
 from ckptinspect.formats import read_checkpoint
 from ckptinspect.model import Checkpoint, Format, ObjectItem, Tensor
 from ckptinspect.commands.diff.values import ValueComparison, compare_tensor_values, supported
+from ckptinspect.commands.diff.tolerance import Tolerance, same_values
 from ckptinspect.services.chunk_bytes import ChunkSource
 from ckptinspect.commands.diff.args import ArgDiff, categorize, diff_args, diff_meta
 from ckptinspect.commands.diff import optim
@@ -190,12 +191,16 @@ class ValuesReport:
     identical: tuple[str, ...]
     skipped: tuple[tuple[str, str], ...]
     elements_compared: int
+    by_fingerprint: tuple[str, ...] = ()  # identical keys proven so by equal value fingerprints (no element compared)
+    atol: float = 0.0
+    rtol: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"compared": len(self.compared), "identical": len(self.identical),
                 "changed": len(self.compared) - len(self.identical), "identical_keys": list(self.identical),
                 "skipped": [{"key": k, "reason": r} for k, r in self.skipped],
-                "elements_compared": self.elements_compared}
+                "elements_compared": self.elements_compared, "identical_by_fingerprint": len(self.by_fingerprint),
+                "atol": self.atol, "rtol": self.rtol}
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,10 +269,11 @@ def _num(x: float | None) -> float | str | None:
 
 def diff_checkpoints(
     a: Checkpoint, b: Checkpoint, *, values: bool = False, progress: ProgressHook | None = None,
-    a_dir: Path | None = None, b_dir: Path | None = None,
+    a_dir: Path | None = None, b_dir: Path | None = None, tolerance: Tolerance = Tolerance(),
 ) -> DiffResult:
     """Compare two read checkpoints. `a_dir` / `b_dir`: where their files are (default: `Checkpoint.data_dir`); only
-    `values=True` reads files. Never raises for a broken checkpoint: what could not be compared becomes `notes` or
+    `values=True` reads files. `tolerance`: `--atol` / `--rtol` for values and `--ignore` key globs (keys left out on
+    both sides). Never raises for a broken checkpoint: what could not be compared becomes `notes` or
     `values.skipped`."""
     notes: list[str] = []
     for side, c in (("A", a), ("B", b)):
@@ -285,7 +291,11 @@ def diff_checkpoints(
             notes.append(f"{side} was read with errors ({', '.join(codes)}): the comparison may be partial")
     both_legacy = a.format is Format.TORCH and b.format is Format.TORCH
     args = diff_args(a.args, b.args, both_legacy) if a.args is not None and b.args is not None else ()
-    names_a, names_b = _names(a), _names(b)
+    names_a, names_b = tolerance.kept(_names(a)), tolerance.kept(_names(b))
+    if tolerance.ignore:
+        left_out = (len(_names(a)) - len(names_a), len(_names(b)) - len(names_b))
+        notes.append(f"--ignore {' '.join(tolerance.ignore)}: {left_out[0]} tensor key(s) of A and {left_out[1]} of "
+                     "B left out")
     if both_legacy or (a.format in _GLOBAL and b.format in _GLOBAL):
         tensors = diff_tensors(names_a, names_b)
         if tensors.common == 0 and a.tensors and b.tensors:
@@ -308,7 +318,7 @@ def diff_checkpoints(
             report = ValuesReport((), (), (), 0)
         else:
             aligned_b = {**names_b, **{ka: names_b[kb] for ka, kb in tensors.renamed}}  # B's tensor under A's key
-            vchanges, report = _compare_values(a, b, names_a, aligned_b, tensors, a_dir, b_dir, progress)
+            vchanges, report = _compare_values(a, b, names_a, aligned_b, tensors, a_dir, b_dir, progress, tolerance)
             tensors = KeyDiff(True, tensors.common, tensors.only_in_a, tensors.only_in_b, tensors.changed + vchanges,
                               tensors.renamed, tensors.optimizer)
     meta = diff_meta(a, b) if a.format is not None and b.format is not None else ()
@@ -325,7 +335,7 @@ def _root(c: Checkpoint, given: Path | None) -> ChunkSource:
 
 def _compare_values(
     a: Checkpoint, b: Checkpoint, ta: Mapping[str, Tensor], tb: Mapping[str, Tensor], tensors: KeyDiff,
-    a_dir: Path | None, b_dir: Path | None, progress: ProgressHook | None,
+    a_dir: Path | None, b_dir: Path | None, progress: ProgressHook | None, tol: Tolerance = Tolerance(),
 ) -> tuple[tuple[Change, ...], ValuesReport]:
     src_a, src_b = _root(a, a_dir), _root(b, b_dir)
     structural = {c.key for c in tensors.changed if c.what in (What.SHAPE, What.DTYPE)}
@@ -344,16 +354,23 @@ def _compare_values(
     compared: list[str] = []
     identical: list[str] = []
     elements = 0
+    by_fp: list[str] = []
     for k in todo:
         def advance(n: int, k: str = k) -> None:
             if progress is not None:
                 progress(n, total, k)
+        if a_dir is None and b_dir is None and ta[k].shape == tb[k].shape and same_values(a, ta[k], b, tb[k]):
+            compared.append(k)  # equal fingerprints: every element equal, none compared one by one
+            identical.append(k)
+            by_fp.append(k)
+            advance(ta[k].nbytes)
+            continue
         try:
             if ta[k].shape != tb[k].shape:  # one side N-D reformulated: compared whole, in the original shape
                 r: ValueComparison = compare_logical(ta[k], src_a, tb[k], src_b)
                 advance(ta[k].nbytes)
             else:
-                r = compare_tensor_values(ta[k], src_a, tb[k], src_b, advance)
+                r = compare_tensor_values(ta[k], src_a, tb[k], src_b, advance, tol.atol, tol.rtol)
         except (ReadError, OSError, ValueError) as e:
             skipped.append((k, str(e)))
             continue
@@ -366,11 +383,13 @@ def _compare_values(
                                   r.mismatched_elements, r.compared_elements, r.first_mismatch))
         if r.uncovered_elements:
             skipped.append((k, f"{r.uncovered_elements} of {ta[k].numel} elements not covered on both sides"))
-    return tuple(changes), ValuesReport(tuple(compared), tuple(identical), tuple(skipped), elements)
+    return tuple(changes), ValuesReport(tuple(compared), tuple(identical), tuple(skipped), elements, tuple(by_fp),
+                                        tol.atol, tol.rtol)
 
 
 def diff_paths(a: Path, b: Path, *, values: bool = False, progress: ProgressHook | None = None,
-               a_label: str | None = None, b_label: str | None = None) -> DiffResult:
+               a_label: str | None = None, b_label: str | None = None, tolerance: Tolerance = Tolerance()
+               ) -> DiffResult:
     """`diff A B` on paths: a save dir resolves to the checkpoint a resume would pick, then both are read.
 
     Raises `UsageError` when a path does not exist or a save dir has nothing to pick (exit 2 at the CLI)."""
@@ -378,4 +397,4 @@ def diff_paths(a: Path, b: Path, *, values: bool = False, progress: ProgressHook
     pb, lb = resolve_checkpoint(b, b_label)
     ca = read_checkpoint(pa, la)
     cb = read_checkpoint(pb, lb)
-    return diff_checkpoints(ca, cb, values=values, progress=progress)  # each side's files: its `data_dir`
+    return diff_checkpoints(ca, cb, values=values, progress=progress, tolerance=tolerance)  # files: its `data_dir`

@@ -69,11 +69,13 @@ def supported(dtype: str) -> str | None:
 
 def compare_tensor_values(
     a: Tensor, a_src: ChunkSource, b: Tensor, b_src: ChunkSource, advance: Callable[[int], None] | None = None,
+    atol: float = 0.0, rtol: float = 0.0,
 ) -> ValueComparison:
     """Compare the values of `a` and `b` (same shape and dtype), one A chunk against the B chunks it overlaps.
 
     `advance(n)` is called with the bytes of each A chunk once it is done. Raises `ReadError` when a chunk cannot be
-    read (missing storage, transforms, compressed record, shape/dtype disagreeing with the metadata).
+    read (missing storage, transforms, compressed record, shape/dtype disagreeing with the metadata). `atol` /
+    `rtol`: float elements with ``|a - b| <= atol + rtol * |b|`` count as equal (numpy's `isclose`; 0, 0 = exact).
     """
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ReadError(f"{a.key}: shapes/dtypes differ, values not comparable")
@@ -93,7 +95,7 @@ def compare_tensor_values(
             if arr_a is None:
                 arr_a = open_chunk(a_src, ca, a.dtype)
             arr_b = open_chunk(b_src, cb, b.dtype)
-            compare_box(arr_a, box_a[0], arr_b, box_b[0], inter, a.dtype, acc)
+            compare_box(arr_a, box_a[0], arr_b, box_b[0], inter, a.dtype, acc, atol, rtol)
             del arr_b
         del arr_a
         if advance is not None:
@@ -162,7 +164,7 @@ def _collapse(va: npt.NDArray[Any], vb: npt.NDArray[Any]) -> tuple[npt.NDArray[A
 
 
 def compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDArray[Any], off_b: tuple[int, ...],
-                 inter: Box, dtype: str, acc: Acc) -> None:
+                 inter: Box, dtype: str, acc: Acc, atol: float = 0.0, rtol: float = 0.0) -> None:
     kind = NUMPY_CODES.get(dtype, ("", ValueKind.BITS))[1]
     lo0, hi0 = inter
     va, vb, weight = _collapse(arr_a[tuple(slice(l - o, h - o) for l, h, o in zip(lo0, hi0, off_a))],
@@ -175,8 +177,12 @@ def compare_box(arr_a: npt.NDArray[Any], off_a: tuple[int, ...], arr_b: npt.NDAr
         lo = tuple(a + b for a, b in zip(lo, lo0))  # global coordinates (a collapsed axis keeps its first index)
         acc.compared += int(xa.size) * weight
         if kind in (ValueKind.FLOAT, ValueKind.BF16):
-            with np.errstate(invalid="ignore"):
+            with np.errstate(invalid="ignore", over="ignore"):
                 same = (xa == xb) | (np.isnan(xa) & np.isnan(xb))
+                if atol or rtol:
+                    wide = np.complex128 if np.iscomplexobj(xa) else np.float64
+                    wa, wb = xa.astype(wide), xb.astype(wide)
+                    same |= np.abs(wa - wb) <= atol + rtol * np.abs(wb)
         else:
             same = xa == xb
         mism = ~same

@@ -12,11 +12,11 @@ from typing import Any
 
 from ckptinspect.commands.values.rules import TensorFacts, value_findings
 from ckptinspect.commands.values.scan import (
-    Done, Place, default_workers, jobs_of, run_jobs, shard_slice, source_of,
+    Done, Place, default_workers, is_zarr, jobs_of, run_jobs, shard_slice, source_of, tensor_jobs,
 )
 from ckptinspect.errors import UsageError
 from ckptinspect.findings import Finding, Status, filter_findings, status_of
-from ckptinspect.model import Checkpoint
+from ckptinspect.model import Checkpoint, Tensor
 from ckptinspect.model.components import component_of
 from ckptinspect.progress import ProgressHook
 from ckptinspect.services.values import SUPPORTED, TensorValues
@@ -178,6 +178,26 @@ def scan_tensors(ckpt: Checkpoint, *, shard: tuple[int, int] | None = None, work
 
     run_jobs(source_of(ckpt), jobs, workers if workers is not None else default_workers(jobs), take)
     return tuple(scans), read[0]
+
+
+def fingerprint_of(ckpt: Checkpoint, t: Tensor) -> str | None:
+    """The value fingerprint of one tensor of `ckpt` (None when a chunk cannot be read, its dtype is not decoded or
+    its chunks do not cover it exactly once)."""
+    values = TensorValues(t.dtype, tuple(t.shape))
+    ok = [True]
+
+    def take(d: Done) -> None:
+        nonlocal values
+        if d.values is None or d.replica_mismatch:
+            ok[0] = False
+        else:
+            values = values.merge(d.values)
+
+    jobs = tensor_jobs(0, t, is_zarr(ckpt))
+    if not jobs:
+        return None
+    run_jobs(source_of(ckpt), jobs, 1, take)
+    return values.fingerprint if ok[0] else None
 
 
 def _empty(key: str, shard: str | None, dtype: str, shape: tuple[int, ...]) -> TensorScan:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ckptinspect.errors import CkptInspectError, ReadError
 from ckptinspect.io.local import open_regular
-from ckptinspect.model import Checkpoint, Chunk, Format, ShardedBackend, dtype_size
+from ckptinspect.model import Checkpoint, Chunk, Format, ShardedBackend, Tensor, dtype_size
 from ckptinspect.progress import ProgressHook
 from ckptinspect.formats.transforms import decode_item, tensor_bound
 from ckptinspect.pickling.builders import TensorRef
@@ -98,21 +98,25 @@ class Done:
 
 def jobs_of(ckpt: Checkpoint) -> list[Job]:
     """Every unit of the checkpoint's tensors whose dtype the kernel decodes, in (file, offset) order."""
-    jobs: list[Job] = []
     zarr = is_zarr(ckpt)
-    for i, t in enumerate(ckpt.tensors):
-        if t.dtype not in SUPPORTED:
-            continue
-        boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], list[Chunk]] = {}
-        for c in t.chunks:
-            boxes.setdefault((tuple(c.offsets), tuple(c.sizes)), []).append(c)
-        neg = is_second_moment(t.key)
-        bucket = is_bucket(t.key)
-        full = tuple(max(c.sizes[a] for c in t.chunks) for a in range(len(t.shape))) if zarr and t.chunks else None
-        jobs.extend(Job(i, t.dtype, tuple(t.shape), tuple(cs), neg, bucket and is_alignment_pad(cs[0]), full)
-                    for cs in boxes.values())
+    jobs = [j for i, t in enumerate(ckpt.tensors) for j in tensor_jobs(i, t, zarr)]
     jobs.sort(key=lambda j: j.order)
     return jobs
+
+
+def tensor_jobs(index: int, t: Tensor, zarr: bool = False) -> list[Job]:
+    """The units of one tensor (`index` in its checkpoint's tensor list): one per chunk box; none for a dtype the
+    kernel does not decode."""
+    if t.dtype not in SUPPORTED:
+        return []
+    boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], list[Chunk]] = {}
+    for c in t.chunks:
+        boxes.setdefault((tuple(c.offsets), tuple(c.sizes)), []).append(c)
+    neg = is_second_moment(t.key)
+    bucket = is_bucket(t.key)
+    full = tuple(max(c.sizes[a] for c in t.chunks) for a in range(len(t.shape))) if zarr and t.chunks else None
+    return [Job(index, t.dtype, tuple(t.shape), tuple(cs), neg, bucket and is_alignment_pad(cs[0]), full)
+            for cs in boxes.values()]
 
 
 def is_second_moment(key: str) -> bool:
