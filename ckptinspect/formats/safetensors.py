@@ -183,18 +183,19 @@ def read_safetensors(path: Path, label: str, seen: object = None) -> Checkpoint:
         sizes[name] = size
         metadata[name] = dict(header.metadata)
         _check_spans(found, name, header.entries, header.data_start, size)
-        for e in header.entries:
-            where.setdefault(e.name, []).append(name)
-            spans[(e.name, name)] = e
+        for ent in header.entries:
+            where.setdefault(ent.name, []).append(name)
+            spans[(ent.name, name)] = ent
     if index is not None:
         _index_findings(found, weight_map, where, parsed, shard_names, listed_shards)
     entries = []
-    for tensor, files in where.items():
+    for tensor, holders in where.items():
         named = weight_map.get(tensor)
-        e = spans[(tensor, named if named in files else files[0])]
-        item = StoredItem(named if named in files else files[0], e.begin, e.end - e.begin)
-        entries.append(TensorEntry(tensor, e.shape, DTYPES.get(e.dtype, _short(e.dtype).lower()),
-                                   [Chunk((0,) * len(e.shape), e.shape, item)]))
+        file = named if named in holders else holders[0]
+        ent = spans[(tensor, file)]
+        entries.append(TensorEntry(tensor, ent.shape, DTYPES.get(ent.dtype, _short(ent.dtype).lower()),
+                                   [Chunk((0,) * len(ent.shape), ent.shape, StoredItem(file, ent.begin,
+                                                                                       ent.end - ent.begin))]))
     files = tuple(FileInfo(f.name, f.size, FileRole.DATA if f.name.endswith(SUFFIX) else
                            FileRole.METADATA if f.name == INDEX else f.role) for f in listed)
     common: dict[str, Any] = {"__metadata__": metadata}
