@@ -30,7 +30,7 @@ from ckptinspect.errors import ReadError, access_failure, read_code
 from ckptinspect.findings import Finding
 from ckptinspect.formats.files import list_files, regular_size
 from ckptinspect.formats.safetensors_header import DTYPE_BITS, DTYPES, INDEX, SUFFIX, Entry, HeaderError, read_header
-from ckptinspect.io.local import file_size, leaves_dir, open_regular, read_small
+from ckptinspect.io.local import file_size, leaves_dir, note_unread, open_regular, read_small
 from ckptinspect.model import Checkpoint, Chunk, FileInfo, FileRole, Format, StoredItem
 from ckptinspect.model.chunk_table import ChunkTable, TensorEntry
 
@@ -138,7 +138,8 @@ def _read_index(base: Path, found: _Found) -> tuple[dict[str, str], dict[str, An
             raise ValueError(f"weight_map names files outside the dir ({_short(outside[0])}): not opened")
     except OSError as e:
         if access_failure(e):
-            return None  # noted by io.local: CK209
+            note_unread(base / INDEX, e, "open")  # CK209 (`read_checkpoint`)
+            return None
         found.add("CK154", INDEX, None, f"unreadable: {e.strerror or e}")
         return None
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -176,7 +177,9 @@ def read_safetensors(path: Path, label: str, seen: object = None) -> Checkpoint:
             found.add(read_code(e, HEADER_CODES[e.kind]), name, None, f"header refused: {e}")
             continue
         except (OSError, ReadError) as e:
-            if not (isinstance(e, OSError) and access_failure(e)):  # an access failure is noted by io.local: CK209
+            if isinstance(e, OSError) and access_failure(e):
+                note_unread(base / name, e, "open")  # CK209 (`read_checkpoint`), also for a read that failed
+            else:
                 found.add("CK140", name, None, f"unreadable: {getattr(e, 'strerror', None) or e}")
             continue
         parsed.add(name)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from _unprivileged import unprivileged  # noqa: F401 - the fixture
 from ckptinspect.cli.app import app
 from ckptinspect.findings import CODES
 from ckptinspect.formats import read_checkpoint
@@ -285,3 +286,13 @@ def test_every_safetensors_code_is_in_the_reserved_family() -> None:
     mine = {c for c, i in CODES.items() if i.family == "safetensors"}
     assert mine == {f"CK{n}" for n in range(140, 156)}
     assert all(CODES[c].status is not None for c in mine - {"CK153"})
+
+
+def test_an_unreadable_shard_is_ck209_never_complete(unprivileged: Any) -> None:
+    """A shard this user cannot open: not read, so incomplete (CK209), not a broken header (CK140) nor complete."""
+    save = unprivileged.copy(SHARDED)
+    (save / SHARD2).chmod(0)
+    p = unprivileged.cli("audit", str(save), "-o", "json")
+    doc = json.loads(p.stdout)
+    assert p.returncode == 1 and doc["status"] == "incomplete", doc
+    assert "CK209" in codes(doc) and not codes(doc) & {"CK140", "CK150", "CK152"}
