@@ -3,9 +3,9 @@
 Kept minimal on purpose, for what DCP's readers need (torch 2.13 `hf_storage.py` / `_hf_utils.py`, the Hugging Face
 storage writer's files and `FileSystemWriter(serialization_format=SAFETENSORS)` `.distcp` blobs): the 8-byte
 little-endian header length, the JSON header (`dtype`, `shape`, `data_offsets` per tensor, the `__metadata__`
-string map), the offset the data starts at. It is not a reader of safetensors release artifacts (index files,
-sharded repos, dtype coverage of every framework): that belongs to the release-artifact reader, which can build on
-`read_header` instead of parsing the format a second time.
+string map), the offset the data starts at. The release-artifact reader (`formats/safetensors.py`: index files,
+sharded sets, dtype and span checks) builds on `read_header` too: a refusal is a `HeaderError` whose `kind` says
+which part (DCP's readers report every kind as CK106, the release-artifact reader each as its own code).
 """
 
 from __future__ import annotations
