@@ -167,7 +167,6 @@ def read_safetensors(path: Path, label: str, seen: object = None) -> Checkpoint:
     spans: dict[tuple[str, str], Entry] = {}
     metadata: dict[str, dict[str, str]] = {}
     parsed: set[str] = set()
-    sizes: dict[str, int] = {}
     for name in shard_names:
         try:
             with open_regular(base / name) as f:
@@ -183,7 +182,6 @@ def read_safetensors(path: Path, label: str, seen: object = None) -> Checkpoint:
                 found.add("CK140", name, None, f"unreadable: {getattr(e, 'strerror', None) or e}")
             continue
         parsed.add(name)
-        sizes[name] = size
         metadata[name] = dict(header.metadata)
         _check_spans(found, name, header.entries, header.data_start, size)
         for ent in header.entries:

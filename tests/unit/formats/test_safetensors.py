@@ -171,9 +171,11 @@ def test_header_nested_10000_deep(single: Path) -> None:
     assert "CK142" in codes(doc) and doc["status"] == "corrupt"
 
 
-def test_entry_malformed(single: Path) -> None:
-    edit_header(single, transformer__ln_f__weight={"dtype": "F32", "shape": [16], "data_offsets": [-1, 63]})
-    assert "CK143" in codes(audit(single.parent))
+@pytest.mark.parametrize("offsets", [[-1, 63], [0, 2 ** 63], [64, 0], [0, 64, 128]])
+def test_entry_malformed(single: Path, offsets: list[int]) -> None:
+    """Negative, past int64 (once an OverflowError out of the chunk table), reversed, three offsets."""
+    edit_header(single, transformer__ln_f__weight={"dtype": "F32", "shape": [16], "data_offsets": offsets})
+    assert codes(audit(single.parent)) == {"CK143", "CK400"}
 
 
 # --- spans --------------------------------------------------------------------------------------------------------
