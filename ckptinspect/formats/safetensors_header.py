@@ -103,7 +103,8 @@ def read_header(f: IO[bytes], offset: int, available: int) -> Header:
             raise HeaderError(f"safetensors entry {name[:200]!r} lacks dtype / shape / data_offsets", "entry") from exc
         ints = [*shape, b, end] if isinstance(shape, list) else None
         if not isinstance(dtype, str) or ints is None or any(type(x) is not int or x < 0 for x in ints) or b > end \
-                or end > (1 << 62) or len(shape) > 64 or math.prod(shape) > (1 << 62):  # (int64 columns)
+                or max(shape, default=0) > (1 << 62) or end > (1 << 62) or len(shape) > 64 \
+                or math.prod(shape) > (1 << 62):  # each number fits the chunk table's int64 columns
             raise HeaderError(f"safetensors entry {name[:200]!r} is malformed", "entry")
         entries.append(Entry(name, dtype, tuple(shape), start + b, start + end))
     return Header(tuple(entries), meta, start)

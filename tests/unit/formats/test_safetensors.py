@@ -178,6 +178,13 @@ def test_entry_malformed(single: Path, offsets: list[int]) -> None:
     assert codes(audit(single.parent)) == {"CK143", "CK400"}
 
 
+def test_a_zero_element_shape_with_a_huge_dim_is_malformed(single: Path) -> None:
+    """[0, 2**70] has no element, but its dim fits no int64 (once an OverflowError out of the chunk table)."""
+    header, _ = split(single.read_bytes())
+    edit_header(single, transformer__unused_experts={**header["transformer.unused_experts"], "shape": [0, 2 ** 70]})
+    assert codes(audit(single.parent)) == {"CK143", "CK400"}
+
+
 # --- spans --------------------------------------------------------------------------------------------------------
 
 
