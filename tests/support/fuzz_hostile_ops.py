@@ -360,7 +360,7 @@ def op_safetensors_header(rng: random.Random, root: Path, t: Path | None, files:
         field = rng.choice(["dtype", "shape", "data_offsets"])
         header[name][field] = rng.choice({
             "dtype": ["F16", "F64", "X9", "", 7],
-            "shape": [[], [0], [1 << 62], [-1], "x", [3] * 65],
+            "shape": [[], [0], [1 << 62], [0, 1 << 70], [-1], "x", [3] * 65],
             "data_offsets": [[0, 0], [0, 1 << 63], [5, 1], [-1, 2], None, [1, 2, 3]],
         }[field])
         text = json.dumps(header).encode()
