@@ -18,7 +18,7 @@ Modules:
   `savedir.py` (the tracker and the iteration dirs), `inflight.py` (a save still being written, the age rule);
 - readers: `torch_dist.py`, `dcp/` (the one package that knows DCP's `.metadata`: reference reader, streaming VM,
   per-rank and Hugging Face layouts), `legacy.py` (per-rank `mp_rank_*` `.pt`), `zarr_dir.py`, `megatron_fsdp.py`,
-  `nvrx_local.py`, `stacks.py` (Bridge, NeMo 2, torchtitan, non-persistent around a payload), `run_config.py`
+  `nvrx_local.py`, `safetensors.py` (Hugging Face safetensors files and sharded sets), `stacks.py` (Bridge, NeMo 2, torchtitan, non-persistent around a payload), `run_config.py`
   (Bridge's `run_config.yaml`, safe-loaded);
 - shared by them: `files.py` (listing a dir, reading stored items, pickle findings), `transforms.py` (DCP stream
   transforms undone within bounds), `topology.py` (TP/PP/DP/... from args, checked against the files),
@@ -40,6 +40,7 @@ from ckptinspect.formats.dcp.stream import SeenMetadata
 from ckptinspect.formats.inflight import age_of, megatron_iteration
 from ckptinspect.formats.legacy import read_legacy, with_save_in_progress
 from ckptinspect.formats.nvrx_local import LOCAL_FILE, find_local_root, read_nvrx_local, virtual_iteration
+from ckptinspect.formats.safetensors import read_safetensors
 from ckptinspect.formats.sniff import CheckpointSniff, SniffState, sniff_checkpoint
 from ckptinspect.formats.stacks import enrich, outer_layout
 from ckptinspect.formats.torch_dist import read_torch_dist
@@ -78,6 +79,7 @@ READERS: tuple[tuple[Format, Reader], ...] = (
     (Format.TORCH_DCP, read_dcp),
     (Format.FSDP_DTENSOR, _read_fsdp),
     (Format.NVRX_LOCAL, _read_nvrx),
+    (Format.SAFETENSORS, read_safetensors),
 )
 
 _HALF_WRITTEN_MESSAGES = {

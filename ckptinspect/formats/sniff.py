@@ -20,6 +20,7 @@ from ckptinspect.formats.generation import GEN_ZARR, Generation, megatron_genera
 from ckptinspect.formats.inflight import MSC_METADATA_TMP, msc_temp_of
 from ckptinspect.formats.legacy import is_legacy_dir
 from ckptinspect.formats.nvrx_local import LOCAL_FILE
+from ckptinspect.formats.safetensors import GENERATION as SAFETENSORS_GEN, safetensors_evidence
 from ckptinspect.formats.savedir import TRACKER, SaveStyle, looks_like_save_dir
 from ckptinspect.formats.stacks import classify_dcp_keys, outer_layout, unfinished_marker
 from ckptinspect.model import Format, Kind, Stack, StrEnum
@@ -91,6 +92,9 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2
                                    "megatron legacy torch", SniffState.COMPLETE)
         if path.name == ".metadata":
             return sniff_checkpoint(path.parent, megatron_context, seen=seen)
+        st = safetensors_evidence(path)
+        if st is not None:
+            return CheckpointSniff(Format.SAFETENSORS, (st,), SAFETENSORS_GEN, SniffState.COMPLETE)
         return CheckpointSniff(None, (f"{path.name} is a file of no known checkpoint format",), None, SniffState.CK100)
     ev: list[str] = []
     mj = path / "metadata.json"
@@ -171,6 +175,9 @@ def sniff_checkpoint(path: Path, megatron_context: bool = False, _again: int = 2
     if hf is not None:
         return CheckpointSniff(Format.TORCH_DCP, (hf,), "torch.distributed.checkpoint HuggingFaceStorageWriter",
                                SniffState.COMPLETE)
+    st = safetensors_evidence(path)
+    if st is not None:  # after the DCP writers' layouts: safetensors files with DCP's __metadata__ are theirs
+        return CheckpointSniff(Format.SAFETENSORS, (st,), SAFETENSORS_GEN, SniffState.COMPLETE)
     started = _started_save(path, megatron_context)
     if started is not None:
         return CheckpointSniff(Format.TORCH_DIST, (started,), None, SniffState.CK130)

@@ -46,6 +46,7 @@ class Format(enum.Enum):
     TORCH_DCP = "torch_dcp"
     FSDP_DTENSOR = "fsdp_dtensor"
     NVRX_LOCAL = "nvrx_local"  # Megatron `--non-persistent-ckpt-type local`: NVRx per-rank `*_local.pt` files
+    SAFETENSORS = "safetensors"  # Hugging Face safetensors files / sharded sets (a release artifact, not a save)
 
 
 class ShardedBackend(StrEnum):

@@ -49,6 +49,7 @@ BASES: dict[str, Path] = {
     "torch_dist-0.19.2": FIXTURE_0192,
     "legacy-0.16": SAMPLES / "legacy",
     "dcp": SAMPLES / "dcp",
+    "safetensors": SAMPLES / "safetensors_sharded",  # issue 28
 }
 SEED = int(os.environ.get("CKPTINSPECT_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32))
 CASES = int(os.environ.get("CKPTINSPECT_FUZZ_CASES", "1000"))

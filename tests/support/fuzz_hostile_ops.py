@@ -11,6 +11,7 @@ every command ends cleanly (exit 0/1, valid JSON, no hang, no change to the file
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import random
 import tarfile
@@ -327,6 +328,47 @@ def op_compressed_item(rng: random.Random, root: Path, t: Path | None, files: li
     return f"compressed item ({variant}) {index.fqn} in {p.relative_to(root)}"
 
 
+def op_safetensors_header(rng: random.Random, root: Path, t: Path | None, files: list[Path],
+                          dirs: list[Path]) -> str | None:
+    """(issue 28) A safetensors file's header made hostile: a 2**63 or past-EOF length, 10,000-deep JSON, or one
+    entry's dtype / shape / data_offsets rewritten (overlap, gap, size mismatch, negative, huge)."""
+    cands = [f for f in files if f.suffix == ".safetensors" and f.is_file() and not f.is_symlink()]
+    if not cands:
+        return None
+    p = rng.choice(cands)
+    raw = p.read_bytes()
+    if len(raw) < 8:
+        return None
+    n = int.from_bytes(raw[:8], "little")
+    kind = rng.choice(["length", "eof", "deep", "entry", "entry", "entry"])
+    if kind == "length":
+        p.write_bytes((1 << 63).to_bytes(8, "little") + raw[8:])
+    elif kind == "eof":
+        p.write_bytes((len(raw) - 8 + rng.randrange(1, 64)).to_bytes(8, "little") + raw[8:])
+    elif kind == "deep":
+        deep = b'{"a":' + b"[" * 10000 + b"]" * 10000 + b"}"
+        p.write_bytes(len(deep).to_bytes(8, "little") + deep + raw[8 + n:])
+    else:
+        try:
+            header = json.loads(raw[8:8 + n])
+        except ValueError:
+            return None
+        names = [k for k in header if k != "__metadata__"]
+        if not names:
+            return None
+        name = rng.choice(names)
+        field = rng.choice(["dtype", "shape", "data_offsets"])
+        header[name][field] = rng.choice({
+            "dtype": ["F16", "F64", "X9", "", 7],
+            "shape": [[], [0], [1 << 62], [0, 1 << 70], [-1], "x", [3] * 65],
+            "data_offsets": [[0, 0], [0, 1 << 63], [5, 1], [-1, 2], None, [1, 2, 3]],
+        }[field])
+        text = json.dumps(header).encode()
+        p.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+        return f"safetensors {name[:40]}.{field} = {header[name][field]!r:.40} in {p.relative_to(root)}"
+    return f"safetensors header {kind} in {p.relative_to(root)}"
+
+
 HOSTILE_OPS = [op_member_case, op_duplicate_member, op_second_directory, op_pickle_in_storage, op_path_out_of_dir,
                op_huge_numbers, op_deep_nesting, op_protocol0_pickle, op_compressed_item, op_implicit_call,
-               op_torchscript_member, op_tar_container]
+               op_torchscript_member, op_tar_container, op_safetensors_header]

@@ -29,7 +29,7 @@ def predict_resume(ckpt: Checkpoint, target: ResumeTarget) -> ResumePrediction:
         # with the same parallelism"), else the persistent checkpoint is used.
         raise UsageError(f"{ckpt.path}: an NVRx local checkpoint resumes only with the topology that saved it "
                          f"(world size {ckpt.topology.world_size}); predict the persistent checkpoint instead")
-    if ckpt.format in (Format.TORCH_DCP, Format.FSDP_DTENSOR):
+    if ckpt.format in (Format.TORCH_DCP, Format.FSDP_DTENSOR, Format.SAFETENSORS):
         raise UsageError(f"{ckpt.path}: resume predicts Megatron torch_dist and legacy torch checkpoints, "
                          f"not {ckpt.format.value}")
     f = derive_facts(ckpt, target)
