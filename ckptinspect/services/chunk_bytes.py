@@ -66,6 +66,8 @@ class ChunkSource:
     raw: True when `StoredItem`s point at raw tensor payloads (legacy `.pt`), False for torch archives (DCP).
     zarr: True for Megatron's zarr backend: each `StoredItem` is a whole uncompressed zarr chunk file, C order,
       little-endian, edge chunks padded to the array's full chunk shape (`formats/zarr_dir.py`).
+    payload: True when each `StoredItem` is exactly the chunk's elements, C order, little-endian (Hugging Face
+      safetensors: a tensor's `data_offsets` span, `formats/safetensors.py`).
     views: for `raw`, per file: the views its `data.pkl` describes, by (first-element offset, shape, dtype) — read
       once per file by `open_chunk`.
     """
@@ -73,6 +75,7 @@ class ChunkSource:
     root: Path
     raw: bool
     zarr: bool = False
+    payload: bool = False
     views: dict[str, dict[tuple[int, tuple[int, ...], str], set[View]]] = field(
         default_factory=dict, compare=False, repr=False)
 
@@ -126,12 +129,13 @@ def locate(src: ChunkSource, chunk: Chunk, dtype: str, stored_shape: tuple[int, 
     code, _ = NUMPY_CODES.get(dtype) or (BITS_CODES[dtype_size(dtype) or 0], ValueKind.BITS)
     shape = tuple(chunk.sizes)
     count = math.prod(shape)
-    if src.zarr:
+    if src.zarr or src.payload:
         full = stored_shape or shape
         need = math.prod(full) * (dtype_size(dtype) or 0)
         if item.length != need:
-            raise ReadError(f"{item.file}: {item.length} bytes, not the {need} of an uncompressed chunk (a "
-                            "compressor or filter): values not read", "CK208")
+            raise ReadError(f"{item.file}@{item.offset}: {item.length} bytes, not the {need} of its elements "
+                            "(a zarr compressor or filter, a safetensors span of another size): values not read",
+                            "CK208" if src.zarr else "CK206")
         strides = contiguous(full) if full != shape and count else None
         return _checked(Extent(src.root / item.file, "<" + code, item.offset, item.length, 0, shape, strides))
     if src.raw:

@@ -170,7 +170,8 @@ def is_zarr(ckpt: Checkpoint) -> bool:
 def source_of(ckpt: Checkpoint) -> ChunkSource:
     from ckptinspect.io import location
 
-    return ChunkSource(location(ckpt.data_dir), raw=ckpt.format is Format.TORCH, zarr=is_zarr(ckpt))
+    return ChunkSource(location(ckpt.data_dir), raw=ckpt.format is Format.TORCH, zarr=is_zarr(ckpt),
+                       payload=ckpt.format is Format.SAFETENSORS)
 
 
 def run_jobs(src: ChunkSource, jobs: Sequence[Job], workers: int, progress: Callable[[Done], None]) -> None:
@@ -230,7 +231,7 @@ def run_job(src: ChunkSource, job: Job) -> Done:
 
 def _scan_one(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool
               ) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
-    if chunk.storage is not None and chunk.storage.transforms and not src.raw and not src.zarr:
+    if chunk.storage is not None and chunk.storage.transforms and not (src.raw or src.zarr or src.payload):
         return _scan_transformed(src, job, chunk, want_places)
     ext = locate(src, chunk, job.dtype, job.stored_shape)
     return _scan_pieces(job, chunk, ext, _pieces(chunk, ext), want_places)

@@ -304,3 +304,26 @@ def test_merge_refuses_what_is_not_one_scan(tmp_path: Path) -> None:
     whole.write_text(values(SAMPLES / "legacy").to_json())
     res = CliRunner().invoke(app, ["values-merge", str(whole)])
     assert res.exit_code == 2
+
+
+@pytest.mark.parametrize("name", ["safetensors", "safetensors_sharded"])
+def test_safetensors_values_equal_the_library(name: str) -> None:
+    """Hugging Face safetensors spans read raw: counts, min, max and fingerprints against `safetensors.numpy`'s
+    reading (bf16 widened by torch); the sharded set equals the single file where they hold the same tensors."""
+    st = pytest.importorskip("safetensors.torch")
+    root = SAMPLES / name
+    r = by_key(values(root))
+    seen = 0
+    for f in sorted(root.glob("*.safetensors")):
+        for k, v in st.load_file(str(f)).items():
+            x = v.double().flatten()
+            s = r[k].judged
+            assert s.count == x.numel() and r[k].values.complete, k
+            if x.numel():
+                assert s.min == float(x.min()) and s.max == float(x.max()), k
+            seen += 1
+    assert seen == len(r)
+    single = by_key(values(SAMPLES / "safetensors"))
+    for k, t in r.items():
+        if k in single:
+            assert t.values.fingerprint == single[k].values.fingerprint
