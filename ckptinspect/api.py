@@ -185,7 +185,7 @@ def values(path: PathLike, *, shard: tuple[int, int] | str | None = None, worker
            select: Sequence[str] = (), ignore: Sequence[str] = (), progress: ProgressHook | None = None,
            storage_options: StorageOptions = None) -> ValuesResult:
     """The value scan (`ckptinspect values`): every stored chunk of every tensor read, per tensor its statistics and
-    shard-invariant fingerprint, findings CK901-CK910. `shard=(K, N)` (or ``"K/N"``) scans slice K of N;
+    shard-invariant fingerprint, findings CK901-CK911. `shard=(K, N)` (or ``"K/N"``) scans slice K of N;
     `merge_values_reports` combines the slices' JSON documents. `workers`: processes (default: the cores, for a
     checkpoint of more than 64 MiB of tensors)."""
     _storage(storage_options)

@@ -192,6 +192,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK907", "error", "corrupt", "values", "replicas of one chunk hold different values"),
         _c("CK908", "warning", None, "values", "values of a tensor not read (a chunk could not be read or decoded here)"),
         _c("CK909", "info", None, "values", "values of a dtype that is not decoded (not scanned)"),
+        _c("CK911", "error", "corrupt", "values", "a bf16/fp16 model weight is not the rounding of its fp32 main param"),
         _c("CK910", "error", "corrupt", "values", "a parameter without the optimizer state the checkpoint's optimizer "
            "format holds for its other parameters"),
     )

@@ -446,7 +446,7 @@ class CoverageResult(_ReportResult["CoverageReport"]):
 
 @dataclass(frozen=True, slots=True)
 class ValuesResult(_ReportResult["ValuesReport"]):
-    """`values CKPT`: `status`, findings (the reader's, then CK901-CK910), and `report` (per tensor: statistics,
+    """`values CKPT`: `status`, findings (the reader's, then CK901-CK911), and `report` (per tensor: statistics,
     fingerprint, first offending elements; `tensors` in JSON)."""
 
     COMMAND = "values"

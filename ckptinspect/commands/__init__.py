@@ -14,7 +14,7 @@
 - `retain/`: `facts.py` reads a save dir for a retention plan (each iteration classified, manifest checked, age
   rule); `plan.py` the pure rules deciding which iteration dirs could be deleted and why each kept one stays.
 - `values/`: the value scan: `scan.py` units of work read in bounded pieces, `report.py` per-tensor results and the
-  `--shard` merge, `rules.py` the value findings (CK901-CK910).
+  `--shard` merge, `rules.py` the value findings (CK901-CK911).
 - `scan/`: `scan.py` the walk over a path's directories (one file's scan is `services/safety_scan.py`).
 
 They may use each other without a cycle (`audit` uses `estimate`; the layering test checks it). They are not named at

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.commands.values.report import TensorScan, scan_tensors
+from ckptinspect.commands.values.desync import desync_findings
 from ckptinspect.commands.values.rules import value_findings
+from ckptinspect.commands.values.scan import source_of
 from ckptinspect.checks import CheckContext, tracker
 from ckptinspect.checks.registry import CHECKS
 from ckptinspect.io.findings import storage_findings, unread_findings
@@ -132,6 +134,7 @@ def _audit_checkpoint(path: Path, label: str, opts: AuditOptions, full: bool, me
     if opts.values and full and ckpt.format is not None:
         scans, read_bytes = scan_tensors(ckpt, progress=opts.context.progress)
         findings.extend(f.with_path(label) for f in value_findings([t.facts for t in scans], label))
+        findings.extend(desync_findings(ckpt, source_of(ckpt), label))
     findings.extend(storage_findings(path, label, findings))
     kept = tuple(filter_findings(findings, opts.select, opts.ignore))
     return CheckpointAudit(ckpt, status_of(kept), kept, full, name, scans, read_bytes)

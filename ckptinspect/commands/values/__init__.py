@@ -1,4 +1,4 @@
-"""`values CKPT`: the streamed value scan (statistics, fingerprints, findings CK901-CK910) and its `--shard` merge.
+"""`values CKPT`: the streamed value scan (statistics, fingerprints, findings CK901-CK911) and its `--shard` merge.
 
 - `scan.py`: the units of work (one per tensor chunk box), reading their bytes in bounded pieces, worker processes,
   slices for `--shard K/N`.

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ckptinspect.commands.values.desync import desync_findings
 from ckptinspect.commands.values.rules import TensorFacts, value_findings
 from ckptinspect.commands.values.scan import (
     Done, Place, default_workers, is_zarr, jobs_of, run_jobs, shard_slice, source_of, tensor_jobs,
@@ -140,7 +141,7 @@ class ValuesReport:
     """The value scan of one checkpoint (or of slice `shard` of it).
 
     tensors: every tensor of the checkpoint, in its order, with what was scanned of it.
-    findings: the reader's findings, then the value findings (CK901-CK910), filtered by select / ignore.
+    findings: the reader's findings, then the value findings (CK901-CK911), filtered by select / ignore.
     bytes_read: tensor bytes read (replicas included). shard: (K, N) of a sliced scan, None for all of it.
     """
 
@@ -211,7 +212,8 @@ def values_report(ckpt: Checkpoint, *, shard: tuple[int, int] | None = None, wor
                   progress: ProgressHook | None = None) -> ValuesReport:
     """`values CKPT`: scan and judge. The reader's findings come first (a broken container is said as such)."""
     scans, read = scan_tensors(ckpt, shard=shard, workers=workers, progress=progress)
-    return judged(ckpt.path, scans, read, shard, ckpt.findings, select, ignore)
+    desync = desync_findings(ckpt, source_of(ckpt), ckpt.path, shard)
+    return judged(ckpt.path, scans, read, shard, [*ckpt.findings, *desync], select, ignore)
 
 
 def judged(path: str, scans: Sequence[TensorScan], read: int, shard: tuple[int, int] | None,
@@ -246,13 +248,16 @@ def merge_reports(docs: Sequence[Mapping[str, Any]], select: Iterable[str] = (),
     merged = list(tensor_lists[0])
     for ts in tensor_lists[1:]:
         merged = [a.merge(b) for a, b in zip(merged, ts)]
-    reader = _reader_findings(docs[0])
+    reader = _reader_findings(docs[0]) + [
+        Finding(str(f["code"]), str(f.get("message", "")), f.get("subject"), f.get("path"), dict(f.get("details") or {}))
+        for d in docs for f in d.get("findings") or () if f.get("code") == "CK911"]
     return judged(next(iter(paths)), merged, sum(int(d.get("bytes_read") or 0) for d in docs), None, reader,
                   select, ignore)
 
 
 def _reader_findings(doc: Mapping[str, Any]) -> list[Finding]:
-    """The reader's findings of a shard report (every shard has the same): those not of the value family."""
+    """The reader's findings of a shard report (every shard has the same): those not of the value family, and the
+    cross-tensor findings each slice judged for its own share of pairs (CK911), from every report."""
     out = []
     for f in doc.get("findings") or ():
         code = str(f.get("code", ""))

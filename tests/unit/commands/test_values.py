@@ -327,3 +327,26 @@ def test_safetensors_values_equal_the_library(name: str) -> None:
     for k, t in r.items():
         if k in single:
             assert t.values.fingerprint == single[k].values.fingerprint
+
+
+def test_bf16_weight_desynced_from_its_fp32_main_param(tmp_path: Path) -> None:
+    """Megatron's per-parameter layout (`optimizer.state.param.<key>` beside `<key>`), written by `dcp.save`: a
+    bf16 weight equal to the nearest-even rounding of its main param is fine (ties included), one element off is
+    CK911 at that element."""
+    torch.manual_seed(2)
+    main = torch.randn(16, 8)
+    main[0, 0] = 1.0 + 2.0 ** -8  # a tie between two bf16 values: nearest-even keeps 1.0
+    main[0, 1] = math.nan
+    healthy = {"decoder.w": main.to(torch.bfloat16), "optimizer.state.param.decoder.w": main.clone()}
+    r = values(save_dcp(tmp_path / "ok", healthy))
+    assert not [f for f in r.findings if f.code == "CK911"]
+    off = dict(healthy)
+    off["decoder.w"] = main.to(torch.bfloat16)
+    off["decoder.w"][3, 4] += 1.0
+    r = values(save_dcp(tmp_path / "off", off))
+    (f,) = [f for f in r.findings if f.code == "CK911"]
+    assert f.details["first_index"] == [3, 4] and f.details["mismatched"] == 1 and r.status.value == "corrupt"
+    assert f.details["compared"] == 128
+    docs = [values(tmp_path / "off", shard=(k, 2)).to_dict() for k in range(2)]
+    assert sum(1 for d in docs for x in d["findings"] if x["code"] == "CK911") == 1
+    assert [x["code"] for x in merge_values_reports(docs).to_dict()["findings"]].count("CK911") == 1
