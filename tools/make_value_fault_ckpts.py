@@ -44,8 +44,9 @@ def _iter_dir(save_dir: str) -> str:
         return os.path.join(save_dir, f"iter_{int(f.read().strip()):07d}")
 
 
-def load_model_tensors(ckpt_dir: str, prefix: str = "") -> dict:
-    """Every tensor of a DCP/torch_dist checkpoint dir whose key starts with ``prefix``, as full CPU tensors."""
+def load_model_tensors(ckpt_dir: str, model_only: bool = False) -> dict:
+    """Every tensor of a DCP/torch_dist checkpoint dir as full CPU tensors (``model_only``: not ``optimizer.*``;
+    Megatron's torch_dist model keys carry no ``model.`` prefix)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -54,7 +55,7 @@ def load_model_tensors(ckpt_dir: str, prefix: str = "") -> dict:
     md = reader.read_metadata()
     sd = {k: torch.empty(v.size, dtype=v.properties.dtype)
           for k, v in md.state_dict_metadata.items()
-          if isinstance(v, TensorStorageMetadata) and k.startswith(prefix)}
+          if isinstance(v, TensorStorageMetadata) and not (model_only and k.startswith("optimizer."))}
     dcp.load(sd, storage_reader=reader, no_dist=True)
     return sd
 
@@ -62,7 +63,7 @@ def load_model_tensors(ckpt_dir: str, prefix: str = "") -> dict:
 def make_dcp_copy(src_save_dir: str, out_dir: str) -> None:
     import torch.distributed.checkpoint as dcp
 
-    sd = load_model_tensors(_iter_dir(src_save_dir), "model.")
+    sd = load_model_tensors(_iter_dir(src_save_dir), model_only=True)
     os.makedirs(out_dir, exist_ok=True)
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(out_dir), no_dist=True)
 
@@ -71,9 +72,9 @@ def check_equal(root: str = ROOT) -> int:
     """Compare every model tensor of healthy_tp1, healthy_tp2 and healthy_dcp; print and return the mismatches."""
     import torch
 
-    a = load_model_tensors(_iter_dir(os.path.join(root, "healthy_tp1")), "model.")
-    b = load_model_tensors(_iter_dir(os.path.join(root, "healthy_tp2")), "model.")
-    c = load_model_tensors(os.path.join(root, "healthy_dcp"), "model.") if os.path.isdir(
+    a = load_model_tensors(_iter_dir(os.path.join(root, "healthy_tp1")), model_only=True)
+    b = load_model_tensors(_iter_dir(os.path.join(root, "healthy_tp2")), model_only=True)
+    c = load_model_tensors(os.path.join(root, "healthy_dcp"), model_only=True) if os.path.isdir(
         os.path.join(root, "healthy_dcp")) else {}
     bad = 0
     for name, other in (("healthy_tp2", b), ("healthy_dcp", c)):
