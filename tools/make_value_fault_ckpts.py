@@ -92,6 +92,43 @@ def check_equal(root: str = ROOT) -> int:
     return bad
 
 
+def print_facts(root: str = ROOT) -> None:
+    """Load each fault sample back with torch and print the faulty elements (the README quotes this output)."""
+    def load(name):
+        return load_model_tensors(_iter_dir(os.path.join(root, name)))
+
+    w = load("weights")
+    for k in ("decoder.layers.mlp.linear_fc1.weight", "optimizer.state.param.decoder.layers.mlp.linear_fc1.weight"):
+        t = w[k]
+        print(f"weights {k} {tuple(t.shape)} [0,0,0:2]={t[0, 0, 0:2].tolist()} [0,1,0:5]={t[0, 1, 0:5].tolist()} "
+              f"[0,32,0:2]={t[0, 32, 0:2].tolist()} [0,33,0:5]={t[0, 33, 0:5].tolist()} "
+              f"nan at {t.isnan().nonzero().tolist()} inf at {t.isinf().nonzero().tolist()}")
+    for k in ("decoder.layers.self_attention.linear_proj.weight",
+              "optimizer.state.param.decoder.layers.self_attention.linear_proj.weight"):
+        t = w[k]
+        print(f"weights {k} {tuple(t.shape)} [1] all zero: {bool((t[1] == 0).all())}; zeros in [0]: "
+              f"{int((t[0] == 0).sum())}")
+    mo = load("moments")
+    t = mo["optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight"]
+    print(f"moments optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight {tuple(t.shape)} [0] all zero: "
+          f"{bool((t[0] == 0).all())}; zeros in [1]: {int((t[1] == 0).sum())}")
+    k = "optimizer.state.exp_avg_sq.decoder.layers.self_attention.linear_qkv.layer_norm_weight"
+    t = mo[k]
+    print(f"moments {k} {tuple(t.shape)} negative at {(t < 0).nonzero().tolist()}; [1,0:3]={t[1, 0:3].tolist()}; "
+          f"exp_avg_sq keys with a negative: {[n for n, v in mo.items() if 'exp_avg_sq' in n and (v < 0).any()]}")
+    import torch
+
+    de = load("desync")
+    for k, v in sorted(de.items()):
+        mk = k[len("optimizer.state.param."):]
+        if k.startswith("optimizer.state.param.") and mk in de:
+            off = de[mk] != v.to(de[mk].dtype)
+            if off.any():
+                print(f"desync {mk} {de[mk].dtype} != bf16({k}) at {off.nonzero().tolist()}: "
+                      f"{de[mk][off].float().tolist()} vs fp32 {v[off].tolist()}")
+    del torch
+
+
 def build(root: str = ROOT, only=None, timeout: float = 900.0) -> dict:
     sys.path.insert(0, _TOOLS_DIR)
     import make_sample_ckpts
@@ -118,7 +155,11 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", choices=list(SAMPLES) + list(DERIVED))
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--check", action="store_true", help="only compare the healthy samples' model tensors")
+    p.add_argument("--facts", action="store_true", help="only print the faulty elements of the fault samples")
     a = p.parse_args(argv)
+    if a.facts:
+        print_facts(a.root)
+        return 0
     if not a.check:
         build(a.root, a.only, a.timeout)
     if all(os.path.isdir(os.path.join(a.root, n)) for n in ("healthy_tp1", "healthy_tp2")):
