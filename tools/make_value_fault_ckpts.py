@@ -23,7 +23,7 @@ import time
 
 _TOOLS_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_TOOLS_DIR)
-ROOT = os.path.join(_REPO_ROOT, "tests", "data", "values_ckpts")
+ROOT = os.path.join("tests", "data", "values_ckpts")  # relative to the repo root (args.save records it as given)
 
 _BASE = dict(format="torch_dist", pp=1, dp=1, layers=2, hidden=16, heads=4, vocab_size=100,
              make_vocab_size_divisible_by=64, iterations=(1,), seed=1234)
@@ -157,6 +157,7 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="only compare the healthy samples' model tensors")
     p.add_argument("--facts", action="store_true", help="only print the faulty elements of the fault samples")
     a = p.parse_args(argv)
+    os.chdir(_REPO_ROOT)
     if a.facts:
         print_facts(a.root)
         return 0
