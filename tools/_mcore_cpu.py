@@ -542,6 +542,11 @@ def _run_megatron(rank: int, cfg: dict) -> None:
         optimizer_step(optimizer, sched, gbs, iteration)
         if iteration not in c["iterations"]:
             continue
+        if c.get("value_faults", "none") != "none":
+            import _value_faults  # in memory, before the real save below
+
+            _value_faults.apply(c["value_faults"], [model], optimizer,
+                                lambda m: print(f"[value_faults rank {rank}] {m}", flush=True))
         half = c["half_written"] if iteration == max(c["iterations"]) else "none"
         ckpt_dir = os.path.join(save_root, f"iter_{iteration:07d}")
         if c.get("mode") == "verify":

@@ -349,6 +349,11 @@ def _run(rank: int, c: dict) -> None:
         base.optimizer_step(optimizer, sched, gbs, iteration)
         if iteration not in c["iterations"]:
             continue
+        if c.get("value_faults", "none") != "none":
+            import _value_faults  # in memory, before the real save below
+
+            _value_faults.apply(c["value_faults"], model, optimizer,
+                                lambda m: print(f"[value_faults rank {rank}] {m}", flush=True))
         ckpt_dir = os.path.join(c["out_dir"], f"iter_{iteration:07d}")
         if rank == 0:
             os.makedirs(ckpt_dir, exist_ok=True)

@@ -49,6 +49,7 @@ OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable", "fully_sharded_model_s
                    "dp_zero_gather_scatter")
 BACKENDS = ("torch_dist", "zarr")  # zarr: megatron-core <= 0.15 only (needs `zarr<3`)
 HALF_WRITTEN = ("none", "before_metadata", "before_metadata_json")
+VALUE_FAULTS = ("none", "weights", "moments", "desync")  # tools/_value_faults.py
 
 
 def _free_port() -> int:
@@ -74,6 +75,8 @@ DEFAULTS = dict(
     lr=1e-3, train_iters=10, dcp_step=10, dcp_mesh="1d", backend="torch_dist",
     # parallel layouts (tools/_mcore_layouts.py); the defaults keep the dense EP=1 samples above
     cp=1, ep=1, etp=None, vpp=None, experts=0, topk=2, swiglu=False, bf16=False,
+    # tools/_value_faults.py: a named fault put into the model / optimizer in memory before the real save
+    value_faults="none",
 )
 LAYOUT_DEFAULTS = dict(cp=1, ep=1, etp=None, vpp=None, experts=0, topk=2, swiglu=False, bf16=False)
 
@@ -95,6 +98,10 @@ def _config(out_dir: str, **config) -> dict:
         raise ValueError(f"half_written must be one of {HALF_WRITTEN}")
     if c["half_written"] != "none" and c["format"] != "torch_dist":
         raise ValueError("half_written is only supported for format='torch_dist'")
+    if c["value_faults"] not in VALUE_FAULTS:
+        raise ValueError(f"value_faults must be one of {VALUE_FAULTS}")
+    if c["value_faults"] != "none" and c["format"] != "torch_dist":
+        raise ValueError("value_faults needs format='torch_dist'")
     if c["dcp_mesh"] not in ("1d", "2d"):
         raise ValueError("dcp_mesh must be '1d' or '2d'")
     c["iterations"] = sorted({int(i) for i in c["iterations"]})
@@ -171,6 +178,7 @@ def make_checkpoint(
     dcp_mesh: str = "1d",
     backend: str = "torch_dist",
     timeout: float = 600.0,
+    value_faults: str = "none",
     **layouts,
 ) -> str:
     """Write one save dir at ``out_dir`` and return its path.
@@ -184,6 +192,8 @@ def make_checkpoint(
     Raises ValueError for a bad config, RuntimeError if any rank fails or the run exceeds
     ``timeout`` seconds (all workers are terminated).
     ``backend``: the dist_checkpointing save backend (``zarr`` needs megatron-core <= 0.15).
+    ``value_faults``: none / weights / moments / desync (tools/_value_faults.py), applied on every rank to its
+    local shard after the optimizer step of each saved iteration and before dist_checkpointing.save.
     ``layouts``: cp, ep, etp, vpp, experts, topk, swiglu, bf16 (see LAYOUT_DEFAULTS); any
     non-default value routes the run through tools/_mcore_layouts.py; world = tp*pp*cp*dp.
     """
@@ -196,7 +206,7 @@ def make_checkpoint(
                   seq_length=seq_length,
                   micro_batch_size=micro_batch_size, num_microbatches=num_microbatches, lr=lr,
                   train_iters=train_iters, dcp_step=dcp_step, dcp_mesh=dcp_mesh,
-                  backend=backend, **layouts)
+                  backend=backend, value_faults=value_faults, **layouts)
     os.makedirs(out_dir, exist_ok=True)
     _spawn(cfg, cfg["world"], timeout)
     return out_dir
@@ -512,6 +522,10 @@ def _parse(argv=None):
     p.add_argument("--bf16", action="store_true", help="bf16 params, fp32 main params")
     p.add_argument("--backend", default="torch_dist", choices=BACKENDS)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--lr", type=float, default=1e-3, help="0 keeps the initial weights bit-exact through the step")
+    p.add_argument("--value-faults", default="none", choices=VALUE_FAULTS,
+                   help="put a NaN/Inf/denormal/zero (weights), zero/negative Adam moment (moments) or a bf16 weight "
+                        "off its fp32 main param (desync) into the live state before the save")
     p.add_argument("--verify", action="store_true",
                    help="afterwards, load the written torch_dist/legacy iterations back with "
                         "Megatron's loaders in fresh workers and require an exact round trip")
@@ -532,7 +546,7 @@ def main(argv=None) -> int:
                 half_written=a.half_written, seed=a.seed, seq_length=a.seq_length,
                 fully_parallel=a.fully_parallel,
                 micro_batch_size=a.micro_batch_size, dcp_step=a.dcp_step, dcp_mesh=a.dcp_mesh,
-                backend=a.backend,
+                backend=a.backend, lr=a.lr, value_faults=a.value_faults,
             )
             layouts = dict(cp=a.cp, ep=a.ep, etp=a.etp, vpp=a.vpp, experts=a.experts,
                            topk=a.topk, swiglu=a.swiglu, bf16=a.bf16)
