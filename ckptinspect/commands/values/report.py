@@ -38,6 +38,8 @@ class TensorScan:
       (global flat index, where it lies).
     replica_mismatch: files holding a replica of a chunk whose values differ from the first copy's.
     errors: (code, message) of chunks that could not be read. unsupported: why the dtype is not decoded.
+    layer_cover / layer_zero: Megatron stacked tensors (`layers.py`): per layer, the chunks covering it and those
+      in which it is zero throughout.
     """
 
     key: str
@@ -51,12 +53,19 @@ class TensorScan:
     replica_mismatch: tuple[str, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()
     unsupported: str | None = None
+    layer_cover: Mapping[int, int] = field(default_factory=dict)  # stacked: chunks covering each layer
+    layer_zero: Mapping[int, int] = field(default_factory=dict)  # ... of which zero throughout in that layer
 
     @property
     def facts(self) -> TensorFacts:
         return TensorFacts(self.key, self.shard, self.dtype, self.shape, self.component, self.judged,
                            self.values.complete, {k: p for k, (_, p) in self.places.items()}, self.replica_mismatch,
-                           self.errors, self.unsupported)
+                           self.errors, self.unsupported, self.zero_layers)
+
+    @property
+    def zero_layers(self) -> tuple[int, ...]:
+        """Layers of a stacked tensor that are zero throughout (every chunk covering them says so)."""
+        return tuple(sorted(k for k, n in self.layer_cover.items() if n and self.layer_zero.get(k, 0) == n))
 
     def absorb(self, d: Done) -> TensorScan:
         places = dict(self.places)
@@ -64,8 +73,15 @@ class TensorScan:
             if kind not in places or g < places[kind][0]:
                 places[kind] = (g, p)
         judged = self.judged.merge(d.values.stats) if d.values is not None and not d.padding else self.judged
+        cover, zero = dict(self.layer_cover), dict(self.layer_zero)
+        if d.layer_span is not None:
+            for k in range(*d.layer_span):
+                cover[k] = cover.get(k, 0) + 1
+            for k in d.zero_layers:
+                zero[k] = zero.get(k, 0) + 1
         return replace(
-            self, values=self.values.merge(d.values) if d.values is not None else self.values, judged=judged,
+            self, layer_cover=cover, layer_zero=zero,
+            values=self.values.merge(d.values) if d.values is not None else self.values, judged=judged,
             places=places,
             replica_mismatch=self.replica_mismatch + d.replica_mismatch,
             errors=self.errors + ((d.error,) if d.error is not None else ()),
@@ -74,7 +90,11 @@ class TensorScan:
     def merge(self, other: TensorScan) -> TensorScan:
         done = Done(0, other.values, False, tuple((k, g, p) for k, (g, p) in other.places.items()), other.replica_mismatch,
                     None, 0)
-        out = replace(self.absorb(done), judged=self.judged.merge(other.judged))
+        cover = {k: self.layer_cover.get(k, 0) + other.layer_cover.get(k, 0) for k in {*self.layer_cover,
+                                                                                      *other.layer_cover}}
+        zero = {k: self.layer_zero.get(k, 0) + other.layer_zero.get(k, 0) for k in {*self.layer_zero,
+                                                                                   *other.layer_zero}}
+        out = replace(self.absorb(done), judged=self.judged.merge(other.judged), layer_cover=cover, layer_zero=zero)
         return replace(out, errors=self.errors + other.errors, unsupported=self.unsupported or other.unsupported)
 
     def to_dict(self, state: bool = False) -> dict[str, Any]:
@@ -98,8 +118,13 @@ class TensorScan:
             out["errors"] = [{"code": c, "message": m} for c, m in self.errors]
         if self.replica_mismatch:
             out["replica_mismatch"] = list(self.replica_mismatch)
+        if self.zero_layers and self.values.complete:
+            out["zero_layers"] = list(self.zero_layers)
         if state:
             out["state"] = _state(self.values, self.judged)
+            if self.layer_cover:
+                out["state"]["layer_cover"] = {str(k): v for k, v in sorted(self.layer_cover.items())}
+                out["state"]["layer_zero"] = {str(k): v for k, v in sorted(self.layer_zero.items())}
         return out
 
     @staticmethod
@@ -115,9 +140,11 @@ class TensorScan:
         values = TensorValues(str(d["dtype"]), shape, stats, lanes, d.get("unsupported"))
         places = {k: (int(v["flat_index"]), Place.from_dict(v)) for k, v in dict(d.get("first") or {}).items()}
         errors = tuple((str(e["code"]), str(e["message"])) for e in d.get("errors") or ())
+        cover = {int(k): int(v) for k, v in dict(st.get("layer_cover") or {}).items()}
+        zero = {int(k): int(v) for k, v in dict(st.get("layer_zero") or {}).items()}
         return TensorScan(str(d["key"]), d.get("shard"), str(d["dtype"]), shape, str(d["component"]), values, judged,
                           places,
-                          tuple(d.get("replica_mismatch") or ()), errors, d.get("unsupported"))
+                          tuple(d.get("replica_mismatch") or ()), errors, d.get("unsupported"), cover, zero)
 
 
 _STAT_FIELDS = ("count", "nan", "posinf", "neginf", "zeros", "subnormal", "finite", "min", "max", "mean", "m2",

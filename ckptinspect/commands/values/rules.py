@@ -45,6 +45,7 @@ class TensorFacts:
     replica_mismatch: tuple[str, ...]
     errors: tuple[tuple[str, str], ...]
     unsupported: str | None
+    zero_layers: tuple[int, ...] = ()  # Megatron stacked tensors: layers zero throughout (`layers.py`)
 
     @property
     def label(self) -> str:
@@ -157,6 +158,16 @@ def _tensor_findings(t: TensorFacts, path: str, partial: bool) -> list[Finding]:
     if whole and r == "moment":
         out.append(_f("CK906", t, path, f"optimizer moment {t.label} {list(t.shape)} is zero throughout: reset or "
                       "never saved", elements=s.count))
+    if t.zero_layers and t.complete and not partial and not whole:
+        layers = list(t.zero_layers)
+        if r == "weight" and is_matrix(TensorFacts(t.key, t.shard, t.dtype, t.shape[1:], t.component, s, True, {},
+                                                   (), (), None)):
+            out.append(_f("CK905", t, path, f"layer slice(s) {layers} of model weight {t.label} {list(t.shape)} "
+                          "(Megatron's stacked layers, axis 0) are zero throughout", layers=layers))
+        elif r == "moment":
+            out.append(_f("CK906", t, path, f"layer slice(s) {layers} of optimizer moment {t.label} "
+                          f"{list(t.shape)} (stacked layers, axis 0) are zero throughout: reset or never saved",
+                          layers=layers))
     return out
 
 

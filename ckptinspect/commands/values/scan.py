@@ -30,6 +30,7 @@ from ckptinspect.errors import CkptInspectError, ReadError
 from ckptinspect.io.local import open_regular
 from ckptinspect.model import Checkpoint, Chunk, Format, ShardedBackend, Tensor, dtype_size
 from ckptinspect.progress import ProgressHook
+from ckptinspect.commands.values.layers import LayerNonzero, is_stacked
 from ckptinspect.formats.transforms import decode_item, tensor_bound
 from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.torch_archive import read_torch_archive
@@ -71,6 +72,7 @@ class Job:
     negative: bool
     padding: bool = False
     stored_shape: tuple[int, ...] | None = None  # zarr: the array's full chunk shape
+    stacked: bool = False  # Megatron's stacked layers along axis 0 (`layers.is_stacked`): zero layers recorded
 
     @property
     def nbytes(self) -> int:
@@ -94,6 +96,8 @@ class Done:
     replica_mismatch: tuple[str, ...]  # files of replicas whose values differ from the first chunk's
     error: tuple[str, str] | None  # (finding code, message)
     nbytes: int
+    layer_span: tuple[int, int] | None = None  # stacked tensors: the layers the chunk covers [lo, hi)
+    zero_layers: tuple[int, ...] = ()  # ... and those of them that are zero throughout in it
 
 
 def jobs_of(ckpt: Checkpoint) -> list[Job]:
@@ -115,7 +119,8 @@ def tensor_jobs(index: int, t: Tensor, zarr: bool = False) -> list[Job]:
     neg = is_second_moment(t.key)
     bucket = is_bucket(t.key)
     full = tuple(max(c.sizes[a] for c in t.chunks) for a in range(len(t.shape))) if zarr and t.chunks else None
-    return [Job(index, t.dtype, tuple(t.shape), tuple(cs), neg, bucket and is_alignment_pad(cs[0]), full)
+    stacked = is_stacked(t.key, tuple(t.shape))
+    return [Job(index, t.dtype, tuple(t.shape), tuple(cs), neg, bucket and is_alignment_pad(cs[0]), full, stacked)
             for cs in boxes.values()]
 
 
@@ -214,8 +219,9 @@ def default_workers(jobs: Sequence[Job]) -> int:
 def run_job(src: ChunkSource, job: Job) -> Done:
     """Scan one unit. Never raises for a broken checkpoint: a chunk that cannot be read is `Done.error`."""
     first = job.chunks[0]
+    layers = LayerNonzero(first, job.dtype) if job.stacked and math.prod(first.sizes) > 0 else None
     try:
-        values, places = _scan_one(src, job, first, want_places=True)
+        values, places = _scan_one(src, job, first, want_places=True, layers=layers)
         mismatch: list[str] = []
         for rep in job.chunks[1:]:
             other, _ = _scan_one(src, job, rep, want_places=False)
@@ -226,19 +232,19 @@ def run_job(src: ChunkSource, job: Job) -> Done:
     except (OSError, ValueError, CkptInspectError) as e:
         return Done(job.tensor, None, job.padding, (), (), ("CK206", f"{type(e).__name__}: {e}"), job.nbytes)
     return Done(job.tensor, values, job.padding, () if job.padding else tuple(places), tuple(mismatch), None,
-                job.nbytes)
+                job.nbytes, layers.span() if layers else None, layers.zero_layers() if layers else ())
 
 
-def _scan_one(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool
+def _scan_one(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool, layers: LayerNonzero | None = None
               ) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
     if chunk.storage is not None and chunk.storage.transforms and not (src.raw or src.zarr or src.payload):
-        return _scan_transformed(src, job, chunk, want_places)
+        return _scan_transformed(src, job, chunk, want_places, layers)
     ext = locate(src, chunk, job.dtype, job.stored_shape)
-    return _scan_pieces(job, chunk, ext, _pieces(chunk, ext), want_places)
+    return _scan_pieces(job, chunk, ext, _pieces(chunk, ext), want_places, layers)
 
 
-def _scan_pieces(job: Job, chunk: Chunk, ext: Extent, pieces: Iterator[tuple[int, Any]], want_places: bool
-                 ) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
+def _scan_pieces(job: Job, chunk: Chunk, ext: Extent, pieces: Iterator[tuple[int, Any]], want_places: bool,
+                 layers: LayerNonzero | None = None) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
     values = TensorValues(job.dtype, job.shape)
     negatives: list[int] = []
     for local_start, piece in pieces:
@@ -247,6 +253,8 @@ def _scan_pieces(job: Job, chunk: Chunk, ext: Extent, pieces: Iterator[tuple[int
             k = _first_negative(piece, job.dtype)
             if k is not None:
                 negatives.append(local_start + k)
+        if layers is not None:
+            layers.add(piece, local_start, part.stats.zeros > 0)
         values = values.merge(part)
     places: list[tuple[str, int, Place]] = []
     if want_places:
@@ -286,8 +294,8 @@ def _pieces(chunk: Chunk, ext: Extent) -> Iterator[tuple[int, Any]]:
                                 ext.code if ext.code.startswith(">") else None)
 
 
-def _scan_transformed(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool
-                      ) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
+def _scan_transformed(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool,
+                      layers: LayerNonzero | None = None) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
     """A stream-transformed (DCP `ZStandard`) item: decoded into a bounded temporary (`transforms.decode_item`: its
     payload + 1 MiB), its archive read there, the payload scanned from it. A place's byte offset is then the stored
     item's first byte (the element's offset exists only in the decoded stream)."""
@@ -313,7 +321,7 @@ def _scan_transformed(src: ChunkSource, job: Job, chunk: Chunk, want_places: boo
                          item.offset, item.length, 0, tuple(chunk.sizes), None)
             dec.seek(start)
             return _scan_pieces(job, chunk, ext, _read_pieces(dec, count * itemsize, itemsize, item.file),
-                                want_places)
+                                want_places, layers)
 
 
 def _read_pieces(f: Any, nbytes: int, itemsize: int, name: str, swap_code: str | None = None
