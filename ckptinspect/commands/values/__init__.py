@@ -4,4 +4,6 @@
   slices for `--shard K/N`.
 - `report.py`: per-tensor results (`TensorScan`), the report, merging shard reports.
 - `rules.py`: the value findings, pure functions of the per-tensor statistics.
+- `layers.py`: zero layer slices of Megatron's stacked tensors; `desync.py`: CK911, a bf16 / fp16 weight against its
+  fp32 main param.
 """

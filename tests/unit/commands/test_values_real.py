@@ -13,6 +13,7 @@ import pytest
 
 from ckptinspect.api import audit, read, values
 from ckptinspect.model.components import component_of
+from schemas import validate_document
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "values_ckpts"
 L0_FC1 = "decoder.layers.mlp.linear_fc1.weight"
@@ -21,6 +22,7 @@ VALUE_CODES = {f"CK9{n:02d}" for n in range(1, 20)}
 
 def _findings(name: str) -> dict[tuple[str, str], Any]:
     r = values(DATA / name)
+    validate_document(r.to_dict())
     return {(f.code, f.subject): f for f in r.findings if f.code in VALUE_CODES}
 
 
