@@ -18,7 +18,7 @@ attached as the last attribute. What differs from ``make_synthetic_ckpt.py``:
 The layout is Megatron-like but simple: TP-split 2-D model weights and 1-D layer norms, and DistributedOptimizer
 buckets (three states each) cut into many 1-D pieces with index hints, spread round-robin over the ranks; a few
 byte items per rank. The ``__{rank}_0.distcp`` files are sparse (``truncate``) to the size the storage entries
-give. Deterministic for a given command line.
+give; ``common.pt`` and ``metadata.json`` are the minimal ones of a finalized save. Deterministic for a given command line.
 
     python tools/make_other_sharing_ckpt.py /tmp/b2k --chunks 2000 --protocol 4
     python tools/make_other_sharing_ckpt.py /tmp/b200k --chunks 200000 --protocol 5 --strings fresh
@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, size in sizes.items():
         with open(out / name, "wb") as f:
             f.truncate(size)
+    # a finalized Megatron-Core save: its common state and its backend record
+    torch.save({"checkpoint_version": 3.0, "iteration": 1}, out / "common.pt")
+    (out / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                                                   "common_backend": "torch", "common_backend_version": 1}))
     n = sum(len(v.chunks) for v in md.state_dict_metadata.values() if isinstance(v, TensorStorageMetadata))
     summary = {"chunks": n, "keys": len(md.state_dict_metadata), "storage_entries": len(md.storage_data),
                "plans": len(md.all_local_plans), "protocol": args.protocol, "strings": args.strings,  # type: ignore
