@@ -67,6 +67,7 @@ def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
     """Fast paths from memo slot `start` on (below `LOW_MEMO` only for tests: a skipped slot there holds no value,
     so a later GET of it sends the file to the reference)."""
     ctx = Ctx(w)
+    w.batch_from = start
 
     def fast(buf: bytes, pos: int, w: Walker = w) -> int:
         """At a GET: when it names the class of a repeated record and EMPTY_TUPLE NEWOBJ follow, read the run."""
@@ -133,7 +134,9 @@ def _run(ctx: Ctx, pat: Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes],
     return list(zip(*rows)), spec[1]
 
 
-def _end(cols: list[Any], pos: int, k: int) -> int:
+def _end(cols: list[Any], pos: int, k: int, w: Walker, kind: str) -> int:
+    """Past the `k` records of `kind` a batch path read (counted for `vm_stats.ReadStats`)."""
+    w.batch[kind] += k
     return pos + sum(map(len, cols[0][:k]))
 
 
@@ -179,11 +182,11 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     ends = [(r, b) for r, b in sorted(bounds.items()) if r < k and b is not None]  # a None row is >= k (cut)
     if ends:
         tensor_segments(ctx, start, k, ends)
-        return _end(cols, pos, k)
+        return _end(cols, pos, k, w, "chunk")
     w.memo.skip(8 * k)
     w.stack.append(Rows(start, k))
     w.rows_pushed += k
-    return _end(cols, pos, k)
+    return _end(cols, pos, k, w, "chunk")
 
 
 def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
@@ -301,10 +304,10 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     ends = np.flatnonzero(B.flags(col("batch")[:k])).tolist()
     if ends:
         storage_segments(ctx, k, ends)
-        return _end(cols, pos, k)
+        return _end(cols, pos, k, w, "storage")
     w.stack.append(StoragePairs(k))
     w.pairs_pushed += k
-    return _end(cols, pos, k)
+    return _end(cols, pos, k, w, "storage")
 
 
 def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
@@ -347,8 +350,8 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     ends = [(r, b) for r, b in sorted(bounds.items()) if r < k and b is not None]  # a None row is >= k (cut)
     if ends:
         plan_segments(ctx, k, rec, ends)
-        return _end(cols, pos, k)
+        return _end(cols, pos, k, w, "plan")
     w.memo.skip(int(rec[:k].sum()))  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
     w.stack.append(Rows(-1, k))  # plan items: only their number matters
     w.rows_pushed += k
-    return _end(cols, pos, k)
+    return _end(cols, pos, k, w, "plan")

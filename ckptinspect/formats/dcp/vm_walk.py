@@ -29,7 +29,8 @@ from ckptinspect.formats.dcp.vm_eval import (
     may_hook,
     resolve_global,
 )
-from ckptinspect.formats.dcp.names import CHUNK, PLAN_ITEMS, TSM
+from ckptinspect.formats.dcp.names import CHUNK, PLAN_ITEMS, TSM, WRITE_ITEM
+from ckptinspect.formats.dcp.vm_stats import KINDS
 from ckptinspect.pickling.report import PickleReport
 
 BLOCK = 8 << 20
@@ -56,6 +57,10 @@ class Walker:
         self.fast: dict[int, FastPath] = {}
         # fast-path markers pushed / consumed by the list append or dict update that follows them
         self.rows_pushed = self.rows_listed = self.pairs_pushed = self.pairs_set = 0
+        # records of each kind (`vm_stats.KINDS`) read by the batch paths / by this loop past memo slot `batch_from`
+        self.batch = dict.fromkeys(KINDS, 0)
+        self.loop = dict.fromkeys(KINDS, 0)
+        self.batch_from = 0
 
     def release(self) -> None:
         """Drop what the walk built and its fast paths. The fast paths close over the walker (`vm_fast.py`): a
@@ -153,11 +158,15 @@ class Walker:
         if self.plans:
             if inst.cls.qual in PLAN_ITEMS:
                 inst.state = None  # plan items: only counted
+                if inst.cls.qual == WRITE_ITEM and self.memo.n >= self.batch_from:
+                    self.loop["plan"] += 1
             return
         q = inst.cls.qual
         if q == CHUNK:
             inst.row = self.sink.add_chunk(state)
             inst.state = None
+            if self.memo.n >= self.batch_from:
+                self.loop["chunk"] += 1
         elif q == TSM:
             chunks = state.get("chunks") if type(state) is dict else None
             items = chunks if type(chunks) is list else ([] if not chunks else None)
@@ -188,6 +197,8 @@ class Walker:
                     raise Fallback("an object as a dict key in the plans")
                 sink.add_storage(k, v)
                 d[STORAGE_MARK] = True
+                if self.memo.n >= self.batch_from:
+                    self.loop["storage"] += 1
                 continue
             if hook_key(k):
                 raise Fallback(f"a value stored under {k!r}, a name the unpickler calls")
