@@ -329,10 +329,11 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     n0 = w.memo.n
     fqn_inline, ok = B.inline_names(cols[at[ix["fqn_s_len"]]], cols[at[ix["fqn_s"]]])
     # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
-    # [TWD object, dict, [props object, state], [size: 3]]
+    # [TWD object, dict, [own chunk object, dict, [offsets: 3], [sizes: 3]], [props object, state], [size: 3]]
     twd = flagged("twd_new")
+    chunk = 2 * flagged("chunk_new") + 3 * (flagged("c_offsets") + flagged("c_sizes"))
     rec = (4 + fqn_inline + 3 * (flagged("offset_a") | flagged("offset_b")) + 2 * flagged("type_reduce")
-           + twd * (2 + 2 * flagged("props_new") + 3 * flagged("size")))
+           + twd * (2 + 2 * flagged("props_new") + 3 * flagged("size")) + chunk)
     # a SavePlan boundary after the record (few rows): [planner_data {}], the next SavePlan, its dict, its items list
     bounds = read_bounds(ctx, PLAN_BOUND, PLAN_BOUND_REC, PLAN_BOUND_WANT, cols[at[ix["bound"]]], n0)
     extra = np.zeros(len(rec), dtype=np.int64)
