@@ -112,9 +112,10 @@ def _read(f: IO[bytes], report: PickleReport, fast: bool, fast_from: int, stats:
                 root = walk(w)
                 out = _finish(root, w)
             finally:
-                w.release()  # breaks the walker <-> fast-path cycle, which `no_gc`'s freeze would keep forever
                 if stats is not None:
-                    stats.batch, stats.loop, stats.fallback = dict(w.batch), dict(w.loop), None
+                    stats.batch, stats.loop, stats.memo_slots, stats.fallback = (
+                        dict(w.batch), dict(w.loop), w.memo.n, None)
+                w.release()  # breaks the walker <-> fast-path cycle, which `no_gc`'s freeze would keep forever
         report.merge(probe)
         return out
     except Fallback as e:

@@ -331,7 +331,7 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
     # [TWD object, dict, [own chunk object, dict, [offsets: 3], [sizes: 3]], [props object, state], [size: 3]]
     twd = flagged("twd_new")
-    chunk = 2 * flagged("chunk_new") + 3 * (flagged("c_offsets") + flagged("c_sizes"))
+    chunk = 2 * flagged("chunk_new") + 3 * flagged("c_offsets") + 3 * flagged("c_sizes")  # (bool + bool is or)
     rec = (4 + fqn_inline + 3 * (flagged("offset_a") | flagged("offset_b")) + 2 * flagged("type_reduce")
            + twd * (2 + 2 * flagged("props_new") + 3 * flagged("size")) + chunk)
     # a SavePlan boundary after the record (few rows): [planner_data {}], the next SavePlan, its dict, its items list

@@ -21,11 +21,13 @@ def _zeros() -> dict[str, int]:
 @dataclass(slots=True)
 class ReadStats:
     """Per record kind: `batch`, records the batch paths read; `loop`, records the opcode loop read while the
-    batch paths were on (the fallbacks; with `fast=False` every record). `fallback` is the reason the stream went
-    to the reference reader (None when it did not)."""
+    batch paths were on (the fallbacks; with `fast=False` every record). `memo_slots`: the memo slots the walk
+    counted (every path must count the pickle's MEMOIZEs exactly: a miscount shifts every later memo GET).
+    `fallback` is the reason the stream went to the reference reader (None when it did not)."""
 
     batch: dict[str, int] = field(default_factory=_zeros)
     loop: dict[str, int] = field(default_factory=_zeros)
+    memo_slots: int = 0
     fallback: str | None = None
 
     def share(self, kind: str) -> float:
