@@ -58,9 +58,7 @@ class Walker:
         # fast-path markers pushed / consumed by the list append or dict update that follows them
         self.rows_pushed = self.rows_listed = self.pairs_pushed = self.pairs_set = 0
         # records of each kind (`vm_stats.KINDS`) read by the batch paths / by this loop past memo slot `batch_from`
-        self.batch = dict.fromkeys(KINDS, 0)
-        self.loop = dict.fromkeys(KINDS, 0)
-        self.batch_from = 0
+        self.batch, self.loop, self.batch_from = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0), 0
 
     def release(self) -> None:
         """Drop what the walk built and its fast paths. The fast paths close over the walker (`vm_fast.py`): a
@@ -158,15 +156,13 @@ class Walker:
         if self.plans:
             if inst.cls.qual in PLAN_ITEMS:
                 inst.state = None  # plan items: only counted
-                if inst.cls.qual == WRITE_ITEM and self.memo.n >= self.batch_from:
-                    self.loop["plan"] += 1
+                self.loop["plan"] += inst.cls.qual == WRITE_ITEM and self.memo.n >= self.batch_from
             return
         q = inst.cls.qual
         if q == CHUNK:
             inst.row = self.sink.add_chunk(state)
             inst.state = None
-            if self.memo.n >= self.batch_from:
-                self.loop["chunk"] += 1
+            self.loop["chunk"] += self.memo.n >= self.batch_from
         elif q == TSM:
             chunks = state.get("chunks") if type(state) is dict else None
             items = chunks if type(chunks) is list else ([] if not chunks else None)
@@ -197,8 +193,7 @@ class Walker:
                     raise Fallback("an object as a dict key in the plans")
                 sink.add_storage(k, v)
                 d[STORAGE_MARK] = True
-                if self.memo.n >= self.batch_from:
-                    self.loop["storage"] += 1
+                self.loop["storage"] += self.memo.n >= self.batch_from
                 continue
             if hook_key(k):
                 raise Fallback(f"a value stored under {k!r}, a name the unpickler calls")
