@@ -18,6 +18,7 @@ Examples::
 
     python benchmarks/bench_read_metadata.py /path/to/iter_0000100
     python benchmarks/bench_read_metadata.py --generate 200000 --repeat 3
+    python benchmarks/bench_read_metadata.py --generate 200000 --generator other --gen-arg=--protocol=5
     python benchmarks/bench_read_metadata.py CKPT --cmd '{python} -c pass' \\
         --cmd '{python} -m ckptinspect audit {dir} --output json'
 
@@ -43,7 +44,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
-GENERATOR = REPO / "tools" / "make_synthetic_ckpt.py"
+# (a) the project's generator; (b) one that shares objects otherwise (plan chunks of their own, key strings one
+# object everywhere or fresh at every use, any protocol: issue 31)
+GENERATORS = {"synthetic": REPO / "tools" / "make_synthetic_ckpt.py",
+              "other": REPO / "tools" / "make_other_sharing_ckpt.py"}
 DEFAULT_CMD = "{python} -m ckptinspect audit {dir} --output json"
 
 TORCH_CODE = r"""
@@ -142,11 +146,43 @@ def _mb(kb: Optional[float]) -> Optional[float]:
     return None if kb is None else round(kb / 1024.0, 1)
 
 
-def generate(n: int, tmp_root: Optional[str], gen_args: list[str], seed: int) -> tuple[Path, Path, dict, float]:
+# Which path of the streaming reader read each record (`ReadStats`): in this checkout, on the same file.
+STATS_CODE = r"""
+import json, sys
+from ckptinspect.formats.dcp.stream import read_metadata
+from ckptinspect.formats.dcp.vm_stats import ReadStats
+st = ReadStats()
+read_metadata(open(sys.argv[1], "rb"), stats=st)
+print(json.dumps({"batch": st.batch, "loop": st.loop, "fallback": st.fallback}))
+"""
+
+
+def fallback_counts(md_path: Path, timeout: float) -> Optional[dict[str, Any]]:
+    p = subprocess.run([sys.executable, "-c", STATS_CODE, str(md_path)], cwd=REPO, capture_output=True, text=True,
+                       timeout=timeout)
+    if p.returncode != 0:
+        print(f"warning: fallback count failed: {p.stderr[-500:]}", file=sys.stderr)
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def print_fallbacks(counts: dict[str, Any]) -> None:
+    """Records of each kind the opcode loop read once the batch paths were on (past their first memo slot)."""
+    print("\nfast-path fallbacks (records the loop read / all records the batch paths could take):")
+    for kind, n_loop in counts["loop"].items():
+        total = n_loop + counts["batch"][kind]
+        share = f"{100 * n_loop / total:.2f} %" if total else "-"
+        print(f"  {kind:<8} {n_loop:>9} / {total:<9} {share}")
+    if counts.get("fallback"):
+        print(f"  the stream went to the reference reader: {counts['fallback']}")
+
+
+def generate(n: int, tmp_root: Optional[str], gen_args: list[str], seed: int,
+             generator: str = "synthetic") -> tuple[Path, Path, dict, float]:
     tmp = Path(tempfile.mkdtemp(prefix="bench_ckpt_", dir=tmp_root))
     ckpt = tmp / "iter_0000001"
     summary_path = tmp / "generate.json"
-    argv = [sys.executable, str(GENERATOR), str(ckpt), "--chunks", str(n), "--seed", str(seed),
+    argv = [sys.executable, str(GENERATORS[generator]), str(ckpt), "--chunks", str(n), "--seed", str(seed),
             "--json", str(summary_path), *gen_args]
     print(f"$ {shlex.join(argv)}", flush=True)
     t0 = time.perf_counter()
@@ -225,7 +261,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("ckpt_dir", nargs="?", help="checkpoint dir (the one holding .metadata)")
     ap.add_argument("--generate", type=int, metavar="N",
-                    help="first build a synthetic checkpoint with ~N chunks (tools/make_synthetic_ckpt.py) in a temp dir")
+                    help="first build a synthetic checkpoint with ~N chunks (--generator) in a temp dir")
+    ap.add_argument("--generator", choices=sorted(GENERATORS), default="synthetic",
+                    help="with --generate: synthetic (tools/make_synthetic_ckpt.py, default) or other "
+                         "(tools/make_other_sharing_ckpt.py: other object sharing, --gen-arg=--protocol=N, "
+                         "--gen-arg=--strings=fresh)")
     ap.add_argument("--gen-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for the generator (repeatable), e.g. --gen-arg=--no-plans")
     ap.add_argument("--seed", type=int, default=0, help="generator seed")
@@ -246,7 +286,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     tmp: Optional[Path] = None
     try:
         if args.generate is not None:
-            tmp, ckpt, gsum, gen_s = generate(args.generate, args.tmpdir, args.gen_arg, args.seed)
+            tmp, ckpt, gsum, gen_s = generate(args.generate, args.tmpdir, args.gen_arg, args.seed, args.generator)
             info["generate_s"] = round(gen_s, 1)
             info["generator"] = gsum
         else:
@@ -294,6 +334,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             for k in ("chunks", "storage_entries", "keys", "plans", "torch"):
                 info[k] = torch_out[-1][k]
         print_report(targets, ckpt, info)
+        if md_path.exists():
+            counts = fallback_counts(md_path, args.timeout)
+            if counts is not None:
+                info["fast_path"] = counts
+                print_fallbacks(counts)
 
         if args.json_out:
             Path(args.json_out).write_text(json.dumps({

@@ -12,5 +12,6 @@
 - `table.py`: the streaming walk's columns joined into a `ChunkTable`;
 - `vm_eval.py` (values, memo, the column sink), `vm_walk.py` (the opcode loop): the streaming evaluator;
 - `vm_fast.py`, `vm_patterns.py`, `vm_batch.py`, `vm_ctx.py`: its batch paths over the records a writer repeats
-  per chunk; `vm_bounds.py`: the list / object boundaries a run crosses, replayed with the loop's own steps.
+  per chunk; `vm_bounds.py`: the list / object boundaries a run crosses, replayed with the loop's own steps;
+  `vm_stats.py`: `ReadStats`, how many records of each kind the batch paths read and how many fell to the loop.
 """

@@ -25,6 +25,7 @@ from ckptinspect.errors import ReadError
 from ckptinspect.formats.dcp.names import TSM
 from ckptinspect.formats.dcp.vm_eval import UNSET, LOW_MEMO, CountList, Fallback, Inst, Sink
 from ckptinspect.formats.dcp.vm_fast import install_fast_paths
+from ckptinspect.formats.dcp.vm_stats import ReadStats
 from ckptinspect.formats.dcp.table import build_table
 from ckptinspect.formats.dcp.vm_walk import Walker, walk
 from ckptinspect.pickling.unpickle import MAX_PICKLE_BYTES, PickleReport, no_gc
@@ -56,7 +57,7 @@ class SeenMetadata:
 
 def read_metadata(
     source: PurePath | bytes | IO[bytes], report: PickleReport | None = None, *, seen: SeenMetadata | None = None,
-    keep: bool = False, fast: bool = True, fast_from: int = LOW_MEMO,
+    keep: bool = False, fast: bool = True, fast_from: int = LOW_MEMO, stats: ReadStats | None = None,
 ) -> DcpMetadata:
     """Read a `.metadata`: a path (opened safely, bounded to `MAX_STREAM_BYTES`), bytes, or a binary file from its
     current position. Raises `ReadError` as `read_dcp_metadata` does (CK106, CK603), `OSError` for a path that
@@ -65,14 +66,16 @@ def read_metadata(
     `seen` (paths only): what earlier steps of the same checkpoint read parsed; a hit is returned (its whole verdict
     merged into `report`), and with `keep` (the sniff) the result stays there for the reader that follows.
     `fast=False` walks every opcode; `fast_from` (tests) starts the batch paths at that memo slot instead of
-    `LOW_MEMO`."""
+    `LOW_MEMO`. `stats`, when given, is filled with the records each path read (`ReadStats`; untouched when `seen`
+    answers)."""
     report = report if report is not None else PickleReport()
     if isinstance(source, PurePath):
-        return _read_path(source, report, seen, keep)
-    return _read(io.BytesIO(source) if isinstance(source, bytes) else source, report, fast, fast_from)
+        return _read_path(source, report, seen, keep, stats)
+    return _read(io.BytesIO(source) if isinstance(source, bytes) else source, report, fast, fast_from, stats)
 
 
-def _read_path(path: PurePath, report: PickleReport, seen: SeenMetadata | None, keep: bool) -> DcpMetadata:
+def _read_path(path: PurePath, report: PickleReport, seen: SeenMetadata | None, keep: bool,
+               stats: ReadStats | None) -> DcpMetadata:
     with open_regular(path, whole=True) as f:
         try:
             st = os.fstat(f.fileno())
@@ -90,14 +93,14 @@ def _read_path(path: PurePath, report: PickleReport, seen: SeenMetadata | None, 
             return hit
         if size > MAX_STREAM_BYTES:
             raise ReadError(f".metadata of {size} bytes exceeds the {MAX_STREAM_BYTES} byte bound", "CK603")
-        out = _read(f, report, True, LOW_MEMO)
+        out = _read(f, report, True, LOW_MEMO, stats)
     if keep and seen is not None:
         seen.kept.clear()
         seen.kept[key] = out
     return out
 
 
-def _read(f: IO[bytes], report: PickleReport, fast: bool, fast_from: int) -> DcpMetadata:
+def _read(f: IO[bytes], report: PickleReport, fast: bool, fast_from: int, stats: ReadStats | None) -> DcpMetadata:
     start = f.tell()
     probe = PickleReport()
     try:
@@ -109,6 +112,9 @@ def _read(f: IO[bytes], report: PickleReport, fast: bool, fast_from: int) -> Dcp
                 root = walk(w)
                 out = _finish(root, w)
             finally:
+                if stats is not None:
+                    stats.batch, stats.loop, stats.memo_slots, stats.fallback = (
+                        dict(w.batch), dict(w.loop), w.memo.n, None)
                 w.release()  # breaks the walker <-> fast-path cycle, which `no_gc`'s freeze would keep forever
         report.merge(probe)
         return out
@@ -117,6 +123,8 @@ def _read(f: IO[bytes], report: PickleReport, fast: bool, fast_from: int) -> Dcp
     except (IndexError, KeyError, TypeError, ValueError, OverflowError, UnicodeDecodeError, AttributeError,
             RecursionError, MemoryError, ReadError) as e:
         why = f"{type(e).__name__}: {e}"
+    if stats is not None:
+        stats.fallback = why
     f.seek(0, os.SEEK_END)
     remaining = f.tell() - start
     f.seek(start)

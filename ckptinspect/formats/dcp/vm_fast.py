@@ -67,6 +67,7 @@ def install_fast_paths(w: Walker, start: int = LOW_MEMO) -> None:
     """Fast paths from memo slot `start` on (below `LOW_MEMO` only for tests: a skipped slot there holds no value,
     so a later GET of it sends the file to the reference)."""
     ctx = Ctx(w)
+    w.batch_from = start
 
     def fast(buf: bytes, pos: int, w: Walker = w) -> int:
         """At a GET: when it names the class of a repeated record and EMPTY_TUPLE NEWOBJ follow, read the run."""
@@ -133,7 +134,9 @@ def _run(ctx: Ctx, pat: Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes],
     return list(zip(*rows)), spec[1]
 
 
-def _end(cols: list[Any], pos: int, k: int) -> int:
+def _end(cols: list[Any], pos: int, k: int, w: Walker, kind: str) -> int:
+    """Past the `k` records of `kind` a batch path read (counted for `vm_stats.ReadStats`)."""
+    w.batch[kind] += k
     return pos + sum(map(len, cols[0][:k]))
 
 
@@ -179,11 +182,11 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     ends = [(r, b) for r, b in sorted(bounds.items()) if r < k and b is not None]  # a None row is >= k (cut)
     if ends:
         tensor_segments(ctx, start, k, ends)
-        return _end(cols, pos, k)
+        return _end(cols, pos, k, w, "chunk")
     w.memo.skip(8 * k)
     w.stack.append(Rows(start, k))
     w.rows_pushed += k
-    return _end(cols, pos, k)
+    return _end(cols, pos, k, w, "chunk")
 
 
 def _names(ctx: Ctx, get: list[bytes], strs: list[str], base: Any, n0: int,
@@ -301,10 +304,10 @@ def _storage(ctx: Ctx, buf: bytes, pos: int) -> int:
     ends = np.flatnonzero(B.flags(col("batch")[:k])).tolist()
     if ends:
         storage_segments(ctx, k, ends)
-        return _end(cols, pos, k)
+        return _end(cols, pos, k, w, "storage")
     w.stack.append(StoragePairs(k))
     w.pairs_pushed += k
-    return _end(cols, pos, k)
+    return _end(cols, pos, k, w, "storage")
 
 
 def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
@@ -326,10 +329,11 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     n0 = w.memo.n
     fqn_inline, ok = B.inline_names(cols[at[ix["fqn_s_len"]]], cols[at[ix["fqn_s"]]])
     # MEMOIZEs: WI object, dict, MI object, dict, [fqn], [offset Size: 3], [type REDUCE: 2],
-    # [TWD object, dict, [props object, state], [size: 3]]
+    # [TWD object, dict, [own chunk object, dict, [offsets: 3], [sizes: 3]], [props object, state], [size: 3]]
     twd = flagged("twd_new")
+    chunk = 2 * flagged("chunk_new") + 3 * flagged("c_offsets") + 3 * flagged("c_sizes")  # (bool + bool is or)
     rec = (4 + fqn_inline + 3 * (flagged("offset_a") | flagged("offset_b")) + 2 * flagged("type_reduce")
-           + twd * (2 + 2 * flagged("props_new") + 3 * flagged("size")))
+           + twd * (2 + 2 * flagged("props_new") + 3 * flagged("size")) + chunk)
     # a SavePlan boundary after the record (few rows): [planner_data {}], the next SavePlan, its dict, its items list
     bounds = read_bounds(ctx, PLAN_BOUND, PLAN_BOUND_REC, PLAN_BOUND_WANT, cols[at[ix["bound"]]], n0)
     extra = np.zeros(len(rec), dtype=np.int64)
@@ -347,8 +351,8 @@ def _plans(ctx: Ctx, buf: bytes, pos: int) -> int:
     ends = [(r, b) for r, b in sorted(bounds.items()) if r < k and b is not None]  # a None row is >= k (cut)
     if ends:
         plan_segments(ctx, k, rec, ends)
-        return _end(cols, pos, k)
+        return _end(cols, pos, k, w, "plan")
     w.memo.skip(int(rec[:k].sum()))  # plans: strings not kept either (a STACK_GLOBAL naming one falls back)
     w.stack.append(Rows(-1, k))  # plan items: only their number matters
     w.rows_pushed += k
-    return _end(cols, pos, k)
+    return _end(cols, pos, k, w, "plan")

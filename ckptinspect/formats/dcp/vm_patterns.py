@@ -167,11 +167,23 @@ _index(STORAGE.get("mi").raw(_NEW), "", True).raw(b"ub")
 STORAGE_REC = STORAGE.compile()
 STORAGE_RUN = STORAGE.compile_run()
 
+def _plan_chunk(p: Pattern) -> Pattern:
+    """The rest of a plan item's chunk after its `(?:GET chunk|`: a ChunkStorageMetadata of its own (not a memo
+    reference to a `state_dict_metadata` chunk, as a writer that builds the plan's chunk apart from the metadata's
+    pickles it), each of its two torch.Size values spelled or a GET of one seen before; only whether each is there
+    is read (for the memo count)."""
+    p.get("chunk_cls").flag("chunk_new", _NEW).get("k_c_offsets").raw(b"(?:").get("c_offsets_ref").raw(b"|")
+    p.size("c_offsets", True).raw(b")").get("k_c_sizes").raw(b"(?:").get("c_sizes_ref").raw(b"|")
+    return p.size("c_sizes", True).raw(b")ub)")
+
+
 PLAN = Pattern()
 _index(PLAN.get("wi").raw(_NEW).get("k_index").get("mi").raw(_NEW), "", False).raw(b"ub")
 (PLAN.get("k_type").raw(b"(?:").get("type_ref").raw(b"|").get("type_fn").raw(_INT)
  .flag("type_reduce", rb"\x85\x94R\x94").raw(b")").get("k_bytes").raw(b"(?:N|").get().raw(b")")
- .get("k_tensor").raw(b"(?:N|").get("twd").flag("twd_new", _NEW).get("k_chunk").get("chunk").get("k_props")
+ .get("k_tensor").raw(b"(?:N|").get("twd").flag("twd_new", _NEW).get("k_chunk").raw(b"(?:").get("chunk").raw(b"|"))
+_plan_chunk(PLAN)
+(PLAN.get("k_props")
  .raw(b"(?:").get("props_ref").raw(b"|").get("props").flag("props_new", rb"\)\x81\x94\(").get().get()
  .raw(rb"\x89").get().raw(rb"\x89t\x94b)").get("k_size").raw(b"(?:").get("size_ref").raw(b"|")
  .size("size", True).raw(b")ub)ub"))
@@ -184,7 +196,8 @@ PLAN_BOUND = Pattern()
  .cap("pd", rb"\}\x94|N").get("k_usable").cap("usable", rb"[\x88\x89]").raw(b"ub").get("saveplan").raw(_NEW)
  .get("k_items").raw(rb"\]\x94\()"))
 PLAN_BOUND_REC = PLAN_BOUND.compile()
-PLAN.cap("bound", b"(?:" + PLAN_BOUND.inline() + b")?").varying("fqn", "chunk", "props_ref", "size_ref")
+PLAN.cap("bound", b"(?:" + PLAN_BOUND.inline() + b")?").varying("fqn", "chunk", "c_offsets_ref", "c_sizes_ref",
+                                                                 "props_ref", "size_ref")
 PLAN_REC = PLAN.compile()
 PLAN_RUN = PLAN.compile_run()
 
@@ -205,5 +218,6 @@ PLAN_WANT = {"wi": WRITE_ITEM, "k_index": ANY_KEY, "mi": ANY_CLASS,
               "k_fqn": ANY_KEY, "k_offset_a": ANY_KEY, "offset_a_fn": tuple, "k_index_a": ANY_KEY,
               "k_offset_b": ANY_KEY, "offset_b_fn": tuple, "k_index_b": ANY_KEY,
               "k_type": ANY_KEY, "type_fn": int, "k_bytes": ANY_KEY, "k_tensor": ANY_KEY, "twd": ANY_CLASS,
-              "k_chunk": ANY_KEY, "k_props": ANY_KEY, "props": ANY_CLASS, "k_size": ANY_KEY, "size_fn": tuple}
+              "k_chunk": ANY_KEY, "chunk_cls": CHUNK_CLS, "k_c_offsets": "offsets", "c_offsets_fn": tuple,
+              "k_c_sizes": "sizes", "c_sizes_fn": tuple, "k_props": ANY_KEY, "props": ANY_CLASS, "k_size": ANY_KEY, "size_fn": tuple}
 

@@ -29,7 +29,8 @@ from ckptinspect.formats.dcp.vm_eval import (
     may_hook,
     resolve_global,
 )
-from ckptinspect.formats.dcp.names import CHUNK, PLAN_ITEMS, TSM
+from ckptinspect.formats.dcp.names import CHUNK, PLAN_ITEMS, TSM, WRITE_ITEM
+from ckptinspect.formats.dcp.vm_stats import KINDS
 from ckptinspect.pickling.report import PickleReport
 
 BLOCK = 8 << 20
@@ -56,6 +57,8 @@ class Walker:
         self.fast: dict[int, FastPath] = {}
         # fast-path markers pushed / consumed by the list append or dict update that follows them
         self.rows_pushed = self.rows_listed = self.pairs_pushed = self.pairs_set = 0
+        # records of each kind (`vm_stats.KINDS`) read by the batch paths / by this loop past memo slot `batch_from`
+        self.batch, self.loop, self.batch_from = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0), 0
 
     def release(self) -> None:
         """Drop what the walk built and its fast paths. The fast paths close over the walker (`vm_fast.py`): a
@@ -153,11 +156,13 @@ class Walker:
         if self.plans:
             if inst.cls.qual in PLAN_ITEMS:
                 inst.state = None  # plan items: only counted
+                self.loop["plan"] += inst.cls.qual == WRITE_ITEM and self.memo.n >= self.batch_from
             return
         q = inst.cls.qual
         if q == CHUNK:
             inst.row = self.sink.add_chunk(state)
             inst.state = None
+            self.loop["chunk"] += self.memo.n >= self.batch_from
         elif q == TSM:
             chunks = state.get("chunks") if type(state) is dict else None
             items = chunks if type(chunks) is list else ([] if not chunks else None)
@@ -188,6 +193,7 @@ class Walker:
                     raise Fallback("an object as a dict key in the plans")
                 sink.add_storage(k, v)
                 d[STORAGE_MARK] = True
+                self.loop["storage"] += self.memo.n >= self.batch_from
                 continue
             if hook_key(k):
                 raise Fallback(f"a value stored under {k!r}, a name the unpickler calls")

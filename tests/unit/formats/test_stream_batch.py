@@ -25,6 +25,7 @@ from ckptinspect.formats.dcp.metadata import read_dcp_metadata
 from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.formats.dcp import vm_batch as B
 from ckptinspect.formats.dcp import vm_fast
+from ckptinspect.formats.dcp.vm_stats import ReadStats
 from ckptinspect.formats.dcp.vm_patterns import _TUP, CHUNK, CHUNK_REC
 from conftest import SAMPLES
 
@@ -231,6 +232,13 @@ def test_batch_paths_on_torch_objects_with_other_shapes(proto: int, seed: int,
     data = pickle.dumps(_torch_metadata(seed), protocol=proto)
     runs = _counting(monkeypatch)
     assert_batch_equals_loop(data)
+    # the plans reach the model only as item counts: the memo slots counted are compared too
+    slots = []
+    for kw in ({"fast_from": 0}, {"fast": False}):
+        stats = ReadStats()
+        read_metadata(io.BytesIO(data), stats=stats, **kw)  # type: ignore[arg-type]
+        slots.append(stats.memo_slots)
+    assert slots[0] == slots[1] > 0
     if proto >= 4:  # protocols 2-3 write BINPUT, not MEMOIZE: no record pattern matches, the loop reads it all
         assert runs["chunks"] and runs["storage"] and runs["plans"], runs
 
