@@ -35,6 +35,9 @@ SAMPLES = {
     # init, so both topologies hold the same model tensors
     "healthy_tp1": dict(_BASE, tp=1, optim_sharding="dp_reshardable", lr=0.0),
     "healthy_tp2": dict(_BASE, tp=2, optim_sharding="dp_reshardable", lr=0.0),
+    # a stale save: two iterations of one run with lr=0, a real optimizer step between them that leaves the weights
+    # bit-equal (what `audit --all --values` must call CK524); the moments do change
+    "stale_lr0": dict(_BASE, tp=1, optim_sharding="dp_reshardable", lr=0.0, iterations=(1, 2)),
 }
 DERIVED = ("healthy_dcp",)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ckptinspect.commands.audit.lineage import Lineage, lineage_of, stale_saves
 from ckptinspect.commands.values.report import TensorScan, scan_tensors
 from ckptinspect.commands.values.desync import desync_findings
 from ckptinspect.commands.values.rules import value_findings
@@ -174,11 +175,14 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
     audits: list[CheckpointAudit] = []
     picked: CheckpointAudit | None = None
     summary = None
+    lines: list[Lineage] = []
     for it in save.iterations:
         is_pick = pick is not None and it.name == pick.name
         full = opts.all_iterations or is_pick
         a = audit_checkpoint(it.path, join_label(label, it.name), opts, full, save.style is SaveStyle.MEGATRON,
                              it.name)
+        if (line := lineage_of(a.name, a.checkpoint, a.values)) is not None:
+            lines.append(line)
         if is_pick:
             picked, summary = _summarized(a, opts)
             a = picked
@@ -189,6 +193,7 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
         audits.append(a)
     statuses = {a.name or "": a.status for a in audits}
     own = _save_dir_findings(save, statuses, label, (f for a in audits for f in a.findings))
+    own = [*own, *stale_saves(lines, label)]  # `--all --values`: consecutive iterations with the same weights
     dir_findings = tuple(filter_findings(own, opts.select, opts.ignore))
     deciding = [picked.status if picked else Status.COMPLETE, status_of(dir_findings)]
     if opts.all_iterations:
