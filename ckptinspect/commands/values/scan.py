@@ -277,6 +277,10 @@ def _pieces(chunk: Chunk, ext: Extent) -> Iterator[tuple[int, Any]]:
     if count == 0:
         return
     if ext.strides is not None:  # a view kept by torch.save (legacy files): read through a map, slab by slab
+        stored = ext.record_length // itemsize
+        if count > 4 * stored + (1 << 24):  # `zeros(1).expand(2**40)`: the work would not follow the stored bytes
+            raise ReadError(f"{chunk.storage.file if chunk.storage else '?'}: a view of {count} elements repeats "
+                            f"its {stored} stored elements: values not scanned", "CK908")  # legal torch.save, no status
         arr = map_view(ext.path, ext.code, ext.record_offset, ext.record_length, ext.storage_offset, ext.shape,
                        ext.strides)
         rows = max(1, PIECE_BYTES // max(1, (count // max(arr.shape[0], 1)) * itemsize)) if arr.ndim else 1

@@ -350,3 +350,20 @@ def test_bf16_weight_desynced_from_its_fp32_main_param(tmp_path: Path) -> None:
     docs = [values(tmp_path / "off", shard=(k, 2)).to_dict() for k in range(2)]
     assert sum(1 for d in docs for x in d["findings"] if x["code"] == "CK911") == 1
     assert [x["code"] for x in merge_values_reports(docs).to_dict()["findings"]].count("CK911") == 1
+
+
+def test_a_huge_expanded_legacy_view_is_not_scanned_element_by_element(tmp_path: Path) -> None:
+    """`torch.save` keeps `zeros(1).expand(2**33)` as 4 stored bytes and a zero stride: the scan refuses to walk
+    8 Gi logical elements (CK908, no status change) instead of hanging; diff compares it as stored."""
+    d = tmp_path / "iter_0000001" / "mp_rank_00"
+    d.mkdir(parents=True)
+    shutil.copy(next((SAMPLES / "legacy").glob("iter_*/mp_rank_00_000/model_optim_rng.pt")), d / "model_optim_rng.pt")
+    sd = torch.load(d / "model_optim_rng.pt", map_location="cpu", weights_only=False)
+    sd["model"]["huge"] = torch.zeros(1).expand(1 << 33)
+    sd["args"].tensor_model_parallel_size = 1
+    sd["args"].pipeline_model_parallel_size = 1
+    torch.save(sd, d / "model_optim_rng.pt")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1")
+    r = values(tmp_path)
+    (f,) = [f for f in r.findings if f.code == "CK908" and f.details["tensor"] == "model.huge"]
+    assert "repeats" in f.message and r.status.value != "corrupt"
