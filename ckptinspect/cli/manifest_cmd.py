@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -21,6 +20,7 @@ from ckptinspect.cli.shell import (
     emit_result,
     guarded,
     json_command,
+    json_reports,
     only,
     parse_location,
     progress_bar,
@@ -85,12 +85,7 @@ def manifest_merge(
         from ckptinspect.api import merge_manifest_reports
 
         only(output, ManifestResult.OUTPUTS)
-        docs = []
-        for p in reports:
-            try:
-                docs.append(json.loads(p.read_text(encoding="utf-8")))
-            except (OSError, ValueError) as e:
-                usage_exit(f"{p}: not a readable JSON report ({e})")
+        docs = json_reports(reports)
         r = merge_manifest_reports(docs, select=select or (), ignore=ignore or ())
         emit_result(r, output)
         return r.exit_code(fail_on.severity)

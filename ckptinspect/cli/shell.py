@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
+import json
 import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -116,6 +117,17 @@ def emit_raw(text: str) -> None:
 def usage_exit(message: str) -> NoReturn:
     console(stderr=True).print(Text.assemble(("error:", "red"), " ", message))
     raise typer.Exit(EXIT_USAGE)
+
+
+def json_reports(paths: Sequence[Path]) -> list[Any]:
+    """The JSON documents of `manifest merge` / `values-merge` arguments; a file that is not one is exit 2."""
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.loads(p.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as e:
+            usage_exit(f"{p}: not a readable JSON report ({e})")
+    return docs
 
 
 T = TypeVar("T")

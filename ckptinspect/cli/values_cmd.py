@@ -6,7 +6,6 @@ the result renders itself, `render/values_text.py`), exit code from `--fail-on`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,6 +24,7 @@ from ckptinspect.cli.shell import (
     emit_result,
     guarded,
     json_command,
+    json_reports,
     only,
     progress_bar,
     usage_exit,
@@ -86,12 +86,7 @@ def values_merge(
         from ckptinspect.api import merge_values_reports
 
         only(output, ValuesResult.OUTPUTS)
-        docs = []
-        for p in reports:
-            try:
-                docs.append(json.loads(p.read_text(encoding="utf-8")))
-            except (OSError, ValueError) as e:
-                usage_exit(f"{p}: not a readable JSON report ({e})")
+        docs = json_reports(reports)
         r = merge_values_reports(docs, select=select or (), ignore=ignore or ())
         emit_result(r, output)
         return r.exit_code(fail_on.severity)

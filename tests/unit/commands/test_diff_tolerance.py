@@ -5,7 +5,6 @@ torch_dist sample and a plain DCP re-save of its tensors by `torch.distributed.c
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,29 +16,10 @@ from ckptinspect.cli.app import app
 from ckptinspect.errors import UsageError
 
 torch = pytest.importorskip("torch")
-dcp = pytest.importorskip("torch.distributed.checkpoint")
+from dcp_io import load_dcp as _load, save_dcp as _save  # noqa: E402 - needs torch
 
 SAMPLES = Path(__file__).resolve().parents[3] / "sample_ckpts"
 SRC = SAMPLES / "torch_dist" / "iter_0000001"
-
-
-def _load(path: Path) -> dict[str, Any]:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    md = dcp.FileSystemReader(str(path)).read_metadata()
-    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.state_dict_metadata.items()
-             if isinstance(m, TensorStorageMetadata)}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore")
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
-    return state
-
-
-def _save(path: Path, state: dict[str, Any]) -> Path:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore")
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)
-    return path
 
 
 @pytest.fixture(scope="module")

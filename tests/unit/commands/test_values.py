@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +22,11 @@ from ckptinspect.commands.values.report import values_report
 from schemas import validate_document
 
 torch = pytest.importorskip("torch")
-dcp = pytest.importorskip("torch.distributed.checkpoint")
+from dcp_io import load_dcp, save_dcp  # noqa: E402 - needs torch
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLES = REPO / "sample_ckpts"
 VALUE_CODES = {f"CK9{n:02d}" for n in range(1, 20)}
-
-
-def save_dcp(path: Path, state: dict[str, Any]) -> Path:
-    """A real single-process DCP save: one chunk per tensor in `path/__0_0.distcp`."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)
-    return path
-
-
-def load_dcp(path: Path) -> dict[str, Any]:
-    """Every tensor of a DCP / torch_dist checkpoint dir, read by torch into CPU tensors."""
-    md = dcp.FileSystemReader(str(path)).read_metadata()
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.state_dict_metadata.items()
-             if isinstance(m, TensorStorageMetadata)}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore")
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
-    return state
 
 
 def by_key(r: Any) -> dict[str, Any]:
