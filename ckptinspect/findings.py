@@ -191,7 +191,6 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK904", "error", "corrupt", "values", "Adam second moment (exp_avg_sq) negative"),
         _c("CK905", "warning", None, "values", "a model weight matrix is zero throughout"),
         _c("CK906", "warning", None, "values", "an optimizer moment (exp_avg / exp_avg_sq) is zero throughout"),
-        _c("CK907", "error", "corrupt", "values", "replicas of one chunk hold different values"),
         _c("CK908", "warning", None, "values", "values of a tensor not read (a chunk could not be read or decoded here)"),
         _c("CK909", "info", None, "values", "values of a dtype that is not decoded (not scanned)"),
         _c("CK911", "error", "corrupt", "values", "a bf16/fp16 model weight is not the rounding of its fp32 main param"),

@@ -79,12 +79,14 @@ _FAMILY_SUBJECT = {
     "format": Subject.FILE, "legacy": Subject.FILE, "stack": Subject.FILE, "storage": Subject.FILE,
     "integrity": Subject.FILE, "tracker": Subject.FILE, "safety": Subject.PICKLE, "coverage": Subject.TENSOR,
     "objects": Subject.OBJECT, "args": Subject.ARG, "estimate": Subject.FILE,
-    "retain": Subject.FILE,
+    "retain": Subject.FILE, "lineage": Subject.FILE, "safetensors": Subject.FILE, "values": Subject.TENSOR,
 }
 _CODE_SUBJECT = {
     "CK205": Subject.TENSOR, "CK208": Subject.TENSOR,  # a stored item (details: file, offset, length)
     "CK304": Subject.TENSOR,
     "CK515": Subject.TENSOR, "CK516": Subject.OBJECT, "CK517": Subject.OBJECT,
+    # safetensors findings about one tensor's entry or span (the others name the file)
+    **{c: Subject.TENSOR for c in ("CK143", "CK144", "CK145", "CK146", "CK147", "CK150", "CK151", "CK155")},
 }
 
 

@@ -9,7 +9,7 @@ status, the codes that must appear, the codes that must not, which path to audit
 The cases live one module per check family (`corpus_healthy.py`, `corpus_storage.py`, `corpus_coverage.py`,
 `corpus_formats.py`, `corpus_manifest.py`, `corpus_tracker.py`, `corpus_safety.py`, `corpus_legacy.py`,
 `corpus_args.py`, `corpus_inflight.py`; the parallel layouts and the training stacks in `corpus_layouts.py` /
-`corpus_stacks.py`), the builders and mutation helpers they share in `corpus_kit.py`. This module registers the
+`corpus_stacks.py`; safetensors and the value scan in `corpus_safetensors.py` / `corpus_values.py`), the builders and mutation helpers they share in `corpus_kit.py`. This module registers the
 families, in `FAMILIES` and nowhere else, and re-exports the kit's names the tests import from here:
 
 - `ACCEPTANCE_CASES`: every family. `tests/acceptance/test_acceptance.py` runs the CLI over them (case name = test
@@ -45,9 +45,11 @@ from corpus_layouts import LAYOUT_CASES
 from corpus_legacy import LEGACY_CASES
 from corpus_manifest import MANIFEST_CASES
 from corpus_safety import SAFETY_CASES
+from corpus_safetensors import SAFETENSORS_CASES
 from corpus_stacks import STACK_CASES
 from corpus_storage import STORAGE_CASES
 from corpus_tracker import TRACKER_CASES
+from corpus_values import VALUES_CASES
 
 __all__ = ["ACCEPTANCE_CASES", "CASES", "FAMILIES", "SOURCES", "Case", "Ctx", "Harmless", "Hostile", "_mutated",
            "append_item", "case_named", "copy_source", "edit_metadata", "missing_source", "torch_bytes"]
@@ -58,11 +60,14 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
     "args": ARGS_CASES, "inflight": INFLIGHT_CASES,
     # on the parallel-layout samples and the training stacks' samples, not on the core ones
     "layouts": LAYOUT_CASES, "stacks": STACK_CASES,
+    # the release format and the value scan (`audit --values`): not replayed from object storage by CASES
+    "safetensors": SAFETENSORS_CASES, "values": VALUES_CASES,
 }
 """Every case family of the acceptance corpus, in the order the acceptance test runs them."""
 
 ACCEPTANCE_CASES: tuple[Case, ...] = tuple(c for family in FAMILIES.values() for c in family)
-CASES: tuple[Case, ...] = tuple(c for name, family in FAMILIES.items() if name not in ("layouts", "stacks")
+CASES: tuple[Case, ...] = tuple(c for name, family in FAMILIES.items()
+                                if name not in ("layouts", "stacks", "safetensors", "values")
                                 for c in family)
 
 _BY_NAME = {c.name: c for c in ACCEPTANCE_CASES}

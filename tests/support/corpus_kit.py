@@ -33,6 +33,8 @@ from typing import Any
 
 from conftest import FIXTURE_0192, SAMPLES
 
+VALUES = SAMPLES.parent / "tests" / "data" / "values_ckpts"
+
 # --- sources -----------------------------------------------------------------------------------------------------
 
 # name -> (root to copy, files that must exist for the source to count as present)
@@ -55,6 +57,12 @@ SOURCES: dict[str, tuple[Path, tuple[str, ...]]] = {
     "mcore_0_15_3_zarr": (SAMPLES / "mcore_0_15_3_zarr", ("latest_checkpointed_iteration.txt",
                                                           "iter_0000001/output_layer.weight/.zarray")),
     "mcore-0.19.2": (FIXTURE_0192, ("latest_checkpointed_iteration.txt", "iter_0000400/integrity.json")),
+    # Hugging Face safetensors (tests/support/corpus_safetensors.py), written by safetensors.torch.save_file
+    "safetensors": (SAMPLES / "safetensors", ("model.safetensors",)),
+    "safetensors_sharded": (SAMPLES / "safetensors_sharded", ("model.safetensors.index.json",)),
+    # megatron-core 0.16.1 saves with value faults put in before the save (tests/support/corpus_values.py)
+    **{f"values_{n}": (VALUES / n, ("latest_checkpointed_iteration.txt", "iter_0000001/.metadata"))
+       for n in ("weights", "moments", "desync", "healthy_tp2", "stale_lr0")},
 }
 
 

@@ -36,7 +36,6 @@ class TensorScan:
       (`scan.is_alignment_pad`).
     places: the first offending element of each kind met (``nan`` / ``inf`` / ``subnormal`` / ``negative``), by
       (global flat index, where it lies).
-    replica_mismatch: files holding a replica of a chunk whose values differ from the first copy's.
     errors: (code, message) of chunks that could not be read. unsupported: why the dtype is not decoded.
     layer_cover / layer_zero: Megatron stacked tensors (`layers.py`): per layer, the chunks covering it and those
       in which it is zero throughout.
@@ -50,7 +49,6 @@ class TensorScan:
     values: TensorValues
     judged: ValueStats = ValueStats()
     places: Mapping[str, tuple[int, Place]] = field(default_factory=dict)
-    replica_mismatch: tuple[str, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()
     unsupported: str | None = None
     layer_cover: Mapping[int, int] = field(default_factory=dict)  # stacked: chunks covering each layer
@@ -59,7 +57,7 @@ class TensorScan:
     @property
     def facts(self) -> TensorFacts:
         return TensorFacts(self.key, self.shard, self.dtype, self.shape, self.component, self.judged,
-                           self.values.complete, {k: p for k, (_, p) in self.places.items()}, self.replica_mismatch,
+                           self.values.complete, {k: p for k, (_, p) in self.places.items()},
                            self.errors, self.unsupported, self.zero_layers)
 
     @property
@@ -83,12 +81,11 @@ class TensorScan:
             self, layer_cover=cover, layer_zero=zero,
             values=self.values.merge(d.values) if d.values is not None else self.values, judged=judged,
             places=places,
-            replica_mismatch=self.replica_mismatch + d.replica_mismatch,
             errors=self.errors + ((d.error,) if d.error is not None else ()),
         )
 
     def merge(self, other: TensorScan) -> TensorScan:
-        done = Done(0, other.values, False, tuple((k, g, p) for k, (g, p) in other.places.items()), other.replica_mismatch,
+        done = Done(0, other.values, False, tuple((k, g, p) for k, (g, p) in other.places.items()),
                     None, 0)
         cover = {k: self.layer_cover.get(k, 0) + other.layer_cover.get(k, 0) for k in {*self.layer_cover,
                                                                                       *other.layer_cover}}
@@ -116,8 +113,6 @@ class TensorScan:
             out["unsupported"] = self.unsupported
         if self.errors:
             out["errors"] = [{"code": c, "message": m} for c, m in self.errors]
-        if self.replica_mismatch:
-            out["replica_mismatch"] = list(self.replica_mismatch)
         if self.zero_layers and self.values.complete:
             out["zero_layers"] = list(self.zero_layers)
         if state:
@@ -144,7 +139,7 @@ class TensorScan:
         zero = {int(k): int(v) for k, v in dict(st.get("layer_zero") or {}).items()}
         return TensorScan(str(d["key"]), d.get("shard"), str(d["dtype"]), shape, str(d["component"]), values, judged,
                           places,
-                          tuple(d.get("replica_mismatch") or ()), errors, d.get("unsupported"), cover, zero)
+                          errors, d.get("unsupported"), cover, zero)
 
 
 _STAT_FIELDS = ("count", "nan", "posinf", "neginf", "zeros", "subnormal", "finite", "min", "max", "mean", "m2",
@@ -216,7 +211,7 @@ def fingerprint_of(ckpt: Checkpoint, t: Tensor) -> str | None:
 
     def take(d: Done) -> None:
         nonlocal values
-        if d.values is None or d.replica_mismatch:
+        if d.values is None:
             ok[0] = False
         else:
             values = values.merge(d.values)

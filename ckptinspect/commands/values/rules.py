@@ -1,4 +1,4 @@
-"""The value rules: findings CK901-CK910 from the scanned statistics of every tensor (`TensorFacts`), pure.
+"""The value rules: findings CK901-CK911 from the scanned statistics of every tensor (`TensorFacts`), pure.
 
 What a tensor is, from its key (every naming the readers produce):
 - a *moment*: Adam's ``exp_avg`` / ``exp_avg_sq`` — a key segment (split at ``.`` / ``/``) of that name: Megatron's
@@ -42,7 +42,6 @@ class TensorFacts:
     stats: ValueStats
     complete: bool
     places: Mapping[str, Any]  # kind -> Place
-    replica_mismatch: tuple[str, ...]
     errors: tuple[tuple[str, str], ...]
     unsupported: str | None
     zero_layers: tuple[int, ...] = ()  # Megatron stacked tensors: layers zero throughout (`layers.py`)
@@ -129,10 +128,6 @@ def _tensor_findings(t: TensorFacts, path: str, partial: bool) -> list[Finding]:
         more = f" (and {len(t.errors) - 1} more chunk(s))" if len(t.errors) > 1 else ""
         out.append(_f("CK908", t, path, f"{t.label}: values not read: {msg}{more}", cause=code,
                       chunks_unread=len(t.errors)))
-    if t.replica_mismatch:
-        out.append(_f("CK907", t, path, f"{t.label}: {len(t.replica_mismatch)} replica(s) of a chunk hold other values "
-                      f"than the first copy ({', '.join(sorted(set(t.replica_mismatch))[:3])})",
-                      files=sorted(set(t.replica_mismatch))))
     if r is None or t.dtype not in _FLOATS:
         return out
     if s.nan:
@@ -161,7 +156,7 @@ def _tensor_findings(t: TensorFacts, path: str, partial: bool) -> list[Finding]:
     if t.zero_layers and t.complete and not partial and not whole:
         layers = list(t.zero_layers)
         if r == "weight" and is_matrix(TensorFacts(t.key, t.shard, t.dtype, t.shape[1:], t.component, s, True, {},
-                                                   (), (), None)):
+                                                   (), None)):
             out.append(_f("CK905", t, path, f"layer slice(s) {layers} of model weight {t.label} {list(t.shape)} "
                           "(Megatron's stacked layers, axis 0) are zero throughout", layers=layers))
         elif r == "moment":

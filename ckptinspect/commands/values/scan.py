@@ -1,9 +1,8 @@
 """The value scan of one checkpoint: every stored chunk of every tensor read from its byte range (`services/
 chunk_bytes.locate`), fed to the value kernel (`services/values.py`) in pieces of `PIECE_BYTES`, merged per tensor.
 
-Work is split into units, one per (tensor, chunk box): the chunks of one box are replicas of each other (a legacy
-file per rank, a DCP save that kept duplicates); the first is counted, the others are scanned and compared with it
-(CK907 when they differ). Units run in (file, offset) order, in `jobs` forked worker processes (the kernel's
+Work is split into units, one per (tensor, chunk box): a box listed twice is read once, its first copy (DCP per-rank
+metadata: every rank's own copy of what it saved; the contract's "Value scan"). Units run in (file, offset) order, in `jobs` forked worker processes (the kernel's
 fingerprint is a BLAS product that threads would serialise), each holding one `PIECE_BYTES` buffer: memory is bounded
 by ``jobs × PIECE_BYTES`` plus the kernel's scratch, whatever the checkpoint's size. `--shard K/N` takes the K-th of
 N slices of the units cut by cumulative bytes, so N processes on N machines read disjoint bytes and `merge` of their
@@ -62,8 +61,8 @@ class Place:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One unit of work: the chunks of one box of tensor `tensor` (index into the checkpoint's tensor list), the
-    first counted, the others replicas. `negative`: find the first negative element (Adam's exp_avg_sq)."""
+    """One unit of work: the chunks of one box of tensor `tensor` (index into the checkpoint's tensor list): the
+    first is read, a repeat of the box is not. `negative`: find the first negative element (Adam's exp_avg_sq)."""
 
     tensor: int
     dtype: str
@@ -76,7 +75,7 @@ class Job:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.chunks[0].sizes) * (dtype_size(self.dtype) or 0) * len(self.chunks)
+        return math.prod(self.chunks[0].sizes) * (dtype_size(self.dtype) or 0)
 
     @property
     def order(self) -> tuple[str, int]:
@@ -87,13 +86,12 @@ class Job:
 @dataclass(frozen=True, slots=True)
 class Done:
     """What one `Job` gave: the values of its box (None when it could not be read), the first offending elements by
-    kind (``nan`` / ``inf`` / ``subnormal`` / ``negative``), the replicas that differ from the first, or the error."""
+    kind (``nan`` / ``inf`` / ``subnormal`` / ``negative``), or the error."""
 
     tensor: int
     values: TensorValues | None
     padding: bool
     places: tuple[tuple[str, int, Place], ...]  # (kind, global flat index, place)
-    replica_mismatch: tuple[str, ...]  # files of replicas whose values differ from the first chunk's
     error: tuple[str, str] | None  # (finding code, message)
     nbytes: int
     layer_span: tuple[int, int] | None = None  # stacked tensors: the layers the chunk covers [lo, hi)
@@ -222,16 +220,11 @@ def run_job(src: ChunkSource, job: Job) -> Done:
     layers = LayerNonzero(first, job.dtype) if job.stacked and math.prod(first.sizes) > 0 else None
     try:
         values, places = _scan_one(src, job, first, want_places=True, layers=layers)
-        mismatch: list[str] = []
-        for rep in job.chunks[1:]:
-            other, _ = _scan_one(src, job, rep, want_places=False)
-            if other.lanes != values.lanes or other.stats.count != values.stats.count:
-                mismatch.append(rep.storage.file if rep.storage is not None else "?")
     except ReadError as e:
-        return Done(job.tensor, None, job.padding, (), (), (e.code, str(e)), job.nbytes)
+        return Done(job.tensor, None, job.padding, (), (e.code, str(e)), job.nbytes)
     except (OSError, ValueError, CkptInspectError) as e:
-        return Done(job.tensor, None, job.padding, (), (), ("CK206", f"{type(e).__name__}: {e}"), job.nbytes)
-    return Done(job.tensor, values, job.padding, () if job.padding else tuple(places), tuple(mismatch), None,
+        return Done(job.tensor, None, job.padding, (), ("CK206", f"{type(e).__name__}: {e}"), job.nbytes)
+    return Done(job.tensor, values, job.padding, () if job.padding else tuple(places), None,
                 job.nbytes, layers.span() if layers else None, layers.zero_layers() if layers else ())
 
 

@@ -345,3 +345,12 @@ def test_a_huge_expanded_legacy_view_is_not_scanned_element_by_element(tmp_path:
     r = values(tmp_path)
     (f,) = [f for f in r.findings if f.code == "CK908" and f.details["tensor"] == "model.huge"]
     assert "repeats" in f.message and r.status.value != "corrupt"
+
+
+def test_per_rank_dcp_copies_are_read_once_and_not_compared() -> None:
+    """`dcp.save(use_collectives=False)`: each rank its own metadata; "plain" is saved by both ranks with other
+    values (torch.full(2, rank)), each rank's own state: read once (rank 0's), no finding."""
+    r = values(SAMPLES / "dcp_writers" / "per_rank")
+    assert r.status.value == "complete" and not {f.code for f in r.findings} & VALUE_CODES
+    plain = by_key(r)["plain"]
+    assert plain.values.complete and plain.judged.count == 2 and plain.judged.max == 0.0  # rank 0's copy
