@@ -66,10 +66,7 @@ class TensorScan:
         return tuple(sorted(k for k, n in self.layer_cover.items() if n and self.layer_zero.get(k, 0) == n))
 
     def absorb(self, d: Done) -> TensorScan:
-        places = dict(self.places)
-        for kind, g, p in d.places:
-            if kind not in places or g < places[kind][0]:
-                places[kind] = (g, p)
+        places = _earliest(self.places, d.places)
         judged = self.judged.merge(d.values.stats) if d.values is not None and not d.padding else self.judged
         cover, zero = dict(self.layer_cover), dict(self.layer_zero)
         if d.layer_span is not None:
@@ -85,17 +82,15 @@ class TensorScan:
         )
 
     def merge(self, other: TensorScan) -> TensorScan:
-        done = Done(0, other.values, False, tuple((k, g, p) for k, (g, p) in other.places.items()),
-                    None, 0)
-        cover = {k: self.layer_cover.get(k, 0) + other.layer_cover.get(k, 0) for k in {*self.layer_cover,
-                                                                                      *other.layer_cover}}
-        zero = {k: self.layer_zero.get(k, 0) + other.layer_zero.get(k, 0) for k in {*self.layer_zero,
-                                                                                   *other.layer_zero}}
-        out = replace(self.absorb(done), judged=self.judged.merge(other.judged), layer_cover=cover, layer_zero=zero)
-        return replace(out, errors=self.errors + other.errors, unsupported=self.unsupported or other.unsupported)
+        """This slice's scan of the tensor and `other`'s (another `--shard` slice), as one scan."""
+        places = _earliest(self.places, ((k, g, p) for k, (g, p) in other.places.items()))
+        return replace(
+            self, values=self.values.merge(other.values), judged=self.judged.merge(other.judged), places=places,
+            errors=self.errors + other.errors, unsupported=self.unsupported or other.unsupported,
+            layer_cover=_added(self.layer_cover, other.layer_cover), layer_zero=_added(self.layer_zero, other.layer_zero),
+        )
 
     def to_dict(self, state: bool = False) -> dict[str, Any]:
-        s = self.values.stats
         fp = self.values.fingerprint
         out: dict[str, Any] = {"key": self.key}
         if self.shard is not None:
@@ -140,6 +135,20 @@ class TensorScan:
         return TensorScan(str(d["key"]), d.get("shard"), str(d["dtype"]), shape, str(d["component"]), values, judged,
                           places,
                           errors, d.get("unsupported"), cover, zero)
+
+
+def _earliest(places: Mapping[str, tuple[int, Place]], more: Iterable[tuple[str, int, Place]]
+              ) -> dict[str, tuple[int, Place]]:
+    """The first offending element of each kind: the smallest global flat index of `places` and `more`."""
+    out = dict(places)
+    for kind, g, p in more:
+        if kind not in out or g < out[kind][0]:
+            out[kind] = (g, p)
+    return out
+
+
+def _added(a: Mapping[int, int], b: Mapping[int, int]) -> dict[int, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}
 
 
 _STAT_FIELDS = ("count", "nan", "posinf", "neginf", "zeros", "subnormal", "finite", "min", "max", "mean", "m2",

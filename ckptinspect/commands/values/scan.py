@@ -219,7 +219,7 @@ def run_job(src: ChunkSource, job: Job) -> Done:
     first = job.chunks[0]
     layers = LayerNonzero(first, job.dtype) if job.stacked and math.prod(first.sizes) > 0 else None
     try:
-        values, places = _scan_one(src, job, first, want_places=True, layers=layers)
+        values, places = _scan_one(src, job, first, layers)
     except ReadError as e:
         return Done(job.tensor, None, job.padding, (), (e.code, str(e)), job.nbytes)
     except (OSError, ValueError, CkptInspectError) as e:
@@ -228,21 +228,21 @@ def run_job(src: ChunkSource, job: Job) -> Done:
                 job.nbytes, layers.span() if layers else None, layers.zero_layers() if layers else ())
 
 
-def _scan_one(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool, layers: LayerNonzero | None = None
+def _scan_one(src: ChunkSource, job: Job, chunk: Chunk, layers: LayerNonzero | None = None
               ) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
     if chunk.storage is not None and chunk.storage.transforms and not (src.raw or src.zarr or src.payload):
-        return _scan_transformed(src, job, chunk, want_places, layers)
+        return _scan_transformed(src, job, chunk, layers)
     ext = locate(src, chunk, job.dtype, job.stored_shape)
-    return _scan_pieces(job, chunk, ext, _pieces(chunk, ext), want_places, layers)
+    return _scan_pieces(job, chunk, ext, _pieces(chunk, ext), layers)
 
 
-def _scan_pieces(job: Job, chunk: Chunk, ext: Extent, pieces: Iterator[tuple[int, Any]], want_places: bool,
+def _scan_pieces(job: Job, chunk: Chunk, ext: Extent, pieces: Iterator[tuple[int, Any]],
                  layers: LayerNonzero | None = None) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
     values = TensorValues(job.dtype, job.shape)
     negatives: list[int] = []
     for local_start, piece in pieces:
         part = scan_chunk(piece, job.dtype, job.shape, chunk.offsets, chunk.sizes, local_start)
-        if job.negative and want_places and not negatives and part.stats.min is not None and part.stats.min < 0:
+        if job.negative and not negatives and part.stats.min is not None and part.stats.min < 0:
             k = _first_negative(piece, job.dtype)
             if k is not None:
                 negatives.append(local_start + k)
@@ -250,16 +250,15 @@ def _scan_pieces(job: Job, chunk: Chunk, ext: Extent, pieces: Iterator[tuple[int
             layers.add(piece, local_start, part.stats.zeros > 0)
         values = values.merge(part)
     places: list[tuple[str, int, Place]] = []
-    if want_places:
-        s = values.stats
-        for kind, g in (("nan", s.first_nan), ("inf", s.first_inf), ("subnormal", s.first_subnormal)):
-            if g is not None:
-                places.append((kind, g, _place_global(g, job.shape, chunk, ext)))
-        if negatives:
-            local = tuple(int(i) for i in np.unravel_index(negatives[0], chunk.sizes)) if chunk.sizes else ()
-            index = tuple(o + i for o, i in zip(chunk.offsets, local))
-            g = int(np.ravel_multi_index(index, job.shape)) if job.shape else 0
-            places.append(("negative", g, _place(index, chunk, ext)))
+    s = values.stats
+    for kind, g in (("nan", s.first_nan), ("inf", s.first_inf), ("subnormal", s.first_subnormal)):
+        if g is not None:
+            places.append((kind, g, _place_global(g, job.shape, chunk, ext)))
+    if negatives:
+        local = tuple(int(i) for i in np.unravel_index(negatives[0], chunk.sizes)) if chunk.sizes else ()
+        index = tuple(o + i for o, i in zip(chunk.offsets, local))
+        g = int(np.ravel_multi_index(index, job.shape)) if job.shape else 0
+        places.append(("negative", g, _place(index, chunk, ext)))
     return values, places
 
 
@@ -291,7 +290,7 @@ def _pieces(chunk: Chunk, ext: Extent) -> Iterator[tuple[int, Any]]:
                                 ext.code if ext.code.startswith(">") else None)
 
 
-def _scan_transformed(src: ChunkSource, job: Job, chunk: Chunk, want_places: bool,
+def _scan_transformed(src: ChunkSource, job: Job, chunk: Chunk,
                       layers: LayerNonzero | None = None) -> tuple[TensorValues, list[tuple[str, int, Place]]]:
     """A stream-transformed (DCP `ZStandard`) item: decoded into a bounded temporary (`transforms.decode_item`: its
     payload + 1 MiB), its archive read there, the payload scanned from it. A place's byte offset is then the stored
@@ -318,7 +317,7 @@ def _scan_transformed(src: ChunkSource, job: Job, chunk: Chunk, want_places: boo
                          item.offset, item.length, 0, tuple(chunk.sizes), None)
             dec.seek(start)
             return _scan_pieces(job, chunk, ext, _read_pieces(dec, count * itemsize, itemsize, item.file),
-                                want_places, layers)
+                                layers)
 
 
 def _read_pieces(f: Any, nbytes: int, itemsize: int, name: str, swap_code: str | None = None
