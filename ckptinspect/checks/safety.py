@@ -25,8 +25,8 @@ MAX_ITEMS = 20_000
 
 
 def run(ckpt: Checkpoint, ctx: CheckContext) -> Iterator[Finding]:
-    if ckpt.format in (None, Format.TORCH):
-        return  # legacy .pt files are unpickled (and reported) by the reader
+    if ckpt.format in (None, Format.TORCH, Format.NVRX_LOCAL):
+        return  # legacy and NVRx local .pt files are unpickled (and reported) by the reader
     bounds: dict[tuple[str, int], int] = {}  # decode bounds of stream-transformed tensor items
     if ckpt.raw_tensor_items:
         # safetensors tensor data (DCP's Hugging Face storage): raw element bytes that no loader unpickles

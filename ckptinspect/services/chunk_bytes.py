@@ -26,8 +26,9 @@ import numpy.typing as npt
 
 from ckptinspect.errors import ReadError
 from ckptinspect.formats.files import read_item_archive
+from ckptinspect.formats.nvrx_local import sharded_tensors
 from ckptinspect.io.local import open_regular
-from ckptinspect.model import Chunk, StrEnum, dtype_size
+from ckptinspect.model import Checkpoint, Chunk, Format, ShardedBackend, StrEnum, dtype_size
 from ckptinspect.pickling.builders import TensorRef
 from ckptinspect.pickling.plain import to_plain, walk_tensors
 from ckptinspect.pickling.torch_archive import read_torch_file
@@ -70,12 +71,23 @@ class ChunkSource:
       safetensors: a tensor's `data_offsets` span, `formats/safetensors.py`).
     views: for `raw`, per file: the views its `data.pkl` describes, by (first-element offset, shape, dtype) — read
       once per file by `open_chunk`.
+    nvrx: with `raw`, the files are NVRx local files: their views are the `ShardedTensor`s' data, keyed by the
+      chunk's sizes (`prepend_axis_num` leading axes of size 1 included: `formats/nvrx_local.py`).
     """
 
     root: Path
     raw: bool
     zarr: bool = False
     payload: bool = False
+    nvrx: bool = False
+
+    @staticmethod
+    def of(ckpt: Checkpoint, root: Path) -> ChunkSource:
+        """Where `ckpt`'s chunks are, read as its format stores them, under `root` (its data dir, local or a
+        storage path)."""
+        return ChunkSource(root, raw=ckpt.format in (Format.TORCH, Format.NVRX_LOCAL),
+                           zarr=ckpt.sharded_backend is ShardedBackend.ZARR,
+                           payload=ckpt.format is Format.SAFETENSORS, nvrx=ckpt.format is Format.NVRX_LOCAL)
     views: dict[str, dict[tuple[int, tuple[int, ...], str], set[View]]] = field(
         default_factory=dict, compare=False, repr=False)
 
@@ -208,13 +220,20 @@ def legacy_views(src: ChunkSource, rel: str) -> dict[tuple[int, tuple[int, ...],
     if archive.report.unsafe:
         raise ReadError(f"{rel}: pickle would run code; values not read")
     out: dict[tuple[int, tuple[int, ...], str], set[View]] = {}
-    for _, ref in walk_tensors(to_plain(archive.obj)):
+    if src.nvrx:
+        # a chunk's leading axes of size 1 take any stride: the element count, so a contiguous view stays one
+        placed = sharded_tensors(archive.obj)[0]
+        refs = [(p.sizes, (math.prod(p.ref.shape),) * (len(p.sizes) - len(p.ref.shape)) + tuple(p.ref.stride), p.ref)
+                for p in placed]
+    else:
+        refs = [(tuple(ref.shape), tuple(ref.stride), ref) for _, ref in walk_tensors(to_plain(archive.obj))]
+    for shape, stride, ref in refs:
         rec = archive.records.get(f"data/{ref.storage_key}")
         size = dtype_size(ref.dtype) or 0
         if rec is None or rec.data_offset < 0 or rec.compressed or not size:
             continue
-        view = (rec.data_offset, rec.size, ref.storage_offset, tuple(ref.stride))
-        out.setdefault((rec.data_offset + ref.storage_offset * size, tuple(ref.shape), ref.dtype), set()).add(view)
+        view = (rec.data_offset, rec.size, ref.storage_offset, stride)
+        out.setdefault((rec.data_offset + ref.storage_offset * size, shape, ref.dtype), set()).add(view)
     if len(src.views) > 64:
         src.views.clear()  # bounded: a diff walks one file after the other
     src.views[rel] = out

@@ -48,7 +48,7 @@ class What(enum.Enum):
 
 # --- tensors and objects ------------------------------------------------------------------------------------------
 
-_GLOBAL = (Format.TORCH_DIST, Format.TORCH_DCP, Format.FSDP_DTENSOR)
+_GLOBAL = (Format.TORCH_DIST, Format.TORCH_DCP, Format.FSDP_DTENSOR, Format.NVRX_LOCAL)
 # Megatron-Core ≥0.19 stores the common state as the byte item `common_state/shard_0_1`: not a model object.
 COMMON_STATE_FAMILIES = frozenset({"common_state"})
 
@@ -327,10 +327,10 @@ def diff_checkpoints(
 
 def _root(c: Checkpoint, given: Path | None) -> ChunkSource:
     if given is None:
-        return ChunkSource(location(c.data_dir), raw=c.format is Format.TORCH)  # where the reader found its files
+        return ChunkSource.of(c, location(c.data_dir))  # where the reader found its files
     if given.is_file():  # a single legacy `.pt` file: StoredItem.file is relative to its dir
         given = given.parent
-    return ChunkSource(given, raw=c.format is Format.TORCH)
+    return ChunkSource.of(c, given)
 
 
 def _compare_values(

@@ -173,8 +173,7 @@ def is_zarr(ckpt: Checkpoint) -> bool:
 def source_of(ckpt: Checkpoint) -> ChunkSource:
     from ckptinspect.io import location
 
-    return ChunkSource(location(ckpt.data_dir), raw=ckpt.format is Format.TORCH, zarr=is_zarr(ckpt),
-                       payload=ckpt.format is Format.SAFETENSORS)
+    return ChunkSource.of(ckpt, location(ckpt.data_dir))
 
 
 def run_jobs(src: ChunkSource, jobs: Sequence[Job], workers: int, progress: Callable[[Done], None]) -> None:
