@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 class Bound:
     """One boundary a run crosses, read from its row's boundary group: `cont` (APPENDS MARK) or the next object."""
 
-    __slots__ = ("tensor", "plan", "pd_new", "get", "key", "grad", "pin", "usable", "size", "size_marked")
+    __slots__ = ("tensor", "plan", "pd_new", "get", "key", "grad", "pin", "usable", "size", "size_marked",
+                 "append1", "lmark")
 
     def __init__(self) -> None:
         self.tensor = self.plan = False
+        self.append1 = False  # the list ends with APPEND (one item, no MARK), not APPENDS
+        self.lmark = True  # the next chunk list starts with MARK (False: a list of one chunk follows)
         self.pd_new = 0
         self.get: dict[str, bytes] = {}
         self.key = ""
@@ -42,61 +45,75 @@ class Bound:
 
 def read_bounds(ctx: Ctx, pat: Pattern, rec: re.Pattern[bytes], want: dict[str, Any], col: list[bytes],
                 n0: int) -> dict[int, Bound | None]:
-    """The boundaries of a run's rows (the few with a non-empty boundary group), checked before anything changes:
-    every GET names a slot filled before the run that holds what `want` says (checked once per distinct GET), a
-    spelled key has its declared length, a torch.Size decodes to at most 127 ints. None for a row that does not
-    check out (the run is cut before it)."""
+    """The boundaries of a run's rows (the rows whose boundary group is not empty), checked before anything
+    changes: every GET names a slot filled before the run that holds what `want` says (checked once per distinct
+    combination of them), a spelled key has its declared length, a torch.Size decodes to at most 127 ints. None for
+    a row that does not check out (the run is cut before it). A real `dcp.save` of one-chunk tensors has a boundary
+    on every row: one `fullmatch` and tuple indexing per row, no per-name lookups."""
     from ckptinspect.formats.dcp import vm_batch as B
 
     out: dict[int, Bound | None] = {}
     if not any(col):
         return out
+    names = tuple(want)
+    idx = [pat.index[name] for name in names]
+    cont = pat.index["cont"]
     good = ctx.bound_good
+    tensor = "tsm" in pat.index
     for r in compress(range(len(col)), col):  # the rows whose group is not empty, without a step per row
-        raw = col[r]
-        m = rec.fullmatch(raw)
-        b: Bound | None = Bound() if m is not None else None
-        if m is not None and b is not None and not pat.group(m, "cont"):
-            for name, expect in want.items():
-                g = pat.group(m, name)
+        m = rec.fullmatch(col[r])
+        if m is None:
+            out[r] = None
+            continue
+        gs = m.groups()
+        b = Bound()
+        if gs[cont]:
+            out[r] = b
+            continue
+        sig = tuple([gs[i] for i in idx])
+        if (id(pat), sig) not in good:
+            for name, g in zip(names, sig):
                 assert g is not None
                 if (name, g) not in good:
-                    if B.slot(g) < n0 and ctx.verify(g, expect, n0):
+                    if B.slot(g) < n0 and ctx.verify(g, want[name], n0):
                         good.add((name, g))
                     else:
-                        b = None
                         break
-                b.get[name] = g
-        if b is not None and m is not None and not pat.group(m, "cont"):
-            b = _fields(pat, m, b)
-        out[r] = b
+            else:
+                good.add((id(pat), sig))
+            if (id(pat), sig) not in good:
+                out[r] = None
+                continue
+        b.get = dict(zip(names, sig))
+        out[r] = _tensor_fields(pat, gs, b) if tensor else _plan_fields(pat, gs, b)
     return out
 
 
-def _fields(pat: Pattern, m: re.Match[bytes], b: Bound) -> Bound | None:
+def _tensor_fields(pat: Pattern, gs: tuple[Any, ...], b: Bound) -> Bound | None:
     from ckptinspect.formats.dcp import vm_batch as B
 
-    if "tsm" in pat.index:
-        key_len, key = pat.group(m, "key_len"), pat.group(m, "key")
-        assert key_len is not None and key is not None
-        if key_len[0] != len(key):
-            return None
-        size = pat.group(m, "tsize")
-        assert size is not None
-        try:
-            values = B.tuple_ints(size)
-        except Fallback:
-            return None
-        if len(values) > 127:
-            return None
-        b.tensor = True
-        b.key = key.decode("utf-8", "surrogatepass")
-        b.grad, b.pin = pat.group(m, "grad") == b"\x88", pat.group(m, "pin") == b"\x88"
-        b.size, b.size_marked = values, size[:1] == b"("
-    else:
-        b.plan = True
-        b.pd_new = int(pat.group(m, "pd") == b"}\x94")
-        b.usable = pat.group(m, "usable") == b"\x88"
+    ix = pat.index
+    key_len, key, size = gs[ix["key_len"]], gs[ix["key"]], gs[ix["tsize"]]
+    if key_len[0] != len(key):
+        return None
+    try:
+        values = B.tuple_ints(size)
+    except Fallback:
+        return None
+    if len(values) > 127:
+        return None
+    b.tensor = True
+    b.key = key.decode("utf-8", "surrogatepass")
+    b.grad, b.pin = gs[ix["grad"]] == b"\x88", gs[ix["pin"]] == b"\x88"
+    b.size, b.size_marked = values, size[:1] == b"("
+    b.append1, b.lmark = gs[ix["end"]] == b"a", gs[ix["lmark"]] == b"("
+    return b
+
+
+def _plan_fields(pat: Pattern, gs: tuple[Any, ...], b: Bound) -> Bound:
+    b.plan = True
+    b.pd_new = int(gs[pat.index["pd"]] == b"}\x94")
+    b.usable = gs[pat.index["usable"]] == b"\x88"
     return b
 
 
@@ -181,8 +198,12 @@ def tensor_segments(ctx: Ctx, start: int, k: int, ends: list[tuple[int, Bound]])
         memo.skip(8 * (r + 1 - prev))
         stack.append(Rows(start + prev, r + 1 - prev))
         w.rows_pushed += r + 1 - prev
-        items = w.pop_mark()  # APPENDS
-        w.append(stack[-1], items)
+        if b.append1:  # APPEND: its one chunk (`single_lists` cut the run before a longer segment)
+            v = stack.pop()
+            w.append(stack[-1], [v])
+        else:
+            items = w.pop_mark()  # APPENDS
+            w.append(stack[-1], items)
         prev = r + 1
         if not b.tensor:
             _mark(w)  # MARK: the next batch of the same list
@@ -226,13 +247,35 @@ def tensor_segments(ctx: Ctx, start: int, k: int, ends: list[tuple[int, Bound]])
         stack[-1] = w.reduce(stack[-1], args)
         memoize()
         get(b, "k_chunks")
-        stack.append(w.new_list())  # EMPTY_LIST MEMOIZE MARK
+        stack.append(w.new_list())  # EMPTY_LIST MEMOIZE [MARK]
         memoize()
-        _mark(w)
+        if b.lmark:
+            _mark(w)
     memo.skip(8 * (k - prev))
     if k > prev:
         stack.append(Rows(start + prev, k - prev))
         w.rows_pushed += k - prev
+
+
+def single_lists(bounds: dict[int, Bound | None], ok: Any) -> None:
+    """Cut a chunk run (`ok[r] = False`) where a list of one chunk would not be one record: a segment that ends
+    with APPEND must be one row (APPEND takes one item off the stack, a `Rows` marker stands for all of its rows),
+    and a list begun without MARK must be one row ending with APPEND. Rows past a None boundary are cut anyway."""
+    prev, single = -1, -1  # the last boundary row; the row whose boundary began a list without MARK
+    for r in sorted(bounds):
+        b = bounds[r]
+        if b is None:
+            return
+        if single >= 0 and r != single + 1:
+            ok[single + 2] = False  # row single + 1 had no boundary: a second chunk in that list
+            return
+        if (single >= 0 and not b.append1) or (b.append1 and r != prev + 1):
+            ok[r] = False
+            return
+        single = r if b.tensor and not b.lmark else -1
+        prev = r
+    if 0 <= single < len(ok) - 2:
+        ok[single + 2] = False
 
 
 def storage_segments(ctx: Ctx, k: int, ends: list[int]) -> None:
