@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class Bound:
     """One boundary a run crosses, read from its row's boundary group: `cont` (APPENDS MARK) or the next object."""
 
-    __slots__ = ("tensor", "plan", "pd_new", "get", "key", "grad", "pin", "usable", "size", "size_marked",
+    __slots__ = ("tensor", "plan", "pd_new", "get", "sig", "key", "grad", "pin", "usable", "size", "size_marked",
                  "append1", "lmark")
 
     def __init__(self) -> None:
@@ -37,6 +37,7 @@ class Bound:
         self.lmark = True  # the next chunk list starts with MARK (False: a list of one chunk follows)
         self.pd_new = 0
         self.get: dict[str, bytes] = {}
+        self.sig: tuple[bytes, ...] = ()  # the GETs of `get`, in `want` order
         self.key = ""
         self.grad = self.pin = self.usable = False
         self.size: list[int] = []
@@ -84,7 +85,7 @@ def read_bounds(ctx: Ctx, pat: Pattern, rec: re.Pattern[bytes], want: dict[str, 
             if (id(pat), sig) not in good:
                 out[r] = None
                 continue
-        b.get = dict(zip(names, sig))
+        b.get, b.sig = dict(zip(names, sig)), sig
         out[r] = _tensor_fields(pat, gs, b) if tensor else _plan_fields(pat, gs, b)
     return out
 
@@ -175,33 +176,33 @@ def plan_segments(ctx: Ctx, k: int, rec_slots: Any, ends: list[tuple[int, Bound]
     _rows(w, k - prev)
 
 
+_TENSOR_GETS = ("tsm", "k_properties", "props_cls", "dtype", "layout", "memory_format", "k_size", "tsize_fn",
+                "k_chunks")
+
+
 def tensor_segments(ctx: Ctx, start: int, k: int, ends: list[tuple[int, Bound]]) -> None:
     """Apply the first `k` records of a chunk run (their rows already in the sink from row `start`) whose rows
     `ends` end with a boundary: per segment, skip its chunks' memo slots (8 each) and push their `Rows` marker, then
-    replay the boundary opcode by opcode with the walker's methods."""
+    replay the boundary with the walker's methods, in the loop's order. What the loop does opcode by opcode
+    without consequence for the outcome is folded (issue 31: a real `dcp.save` has a boundary after every chunk):
+    the GETs' values are looked up once per combination of them; the boundary's nine memo slots are filled after
+    its objects are built (nothing inside it reads them); the loop's stack-bound checks at its four MARKs are the
+    one at the deepest of them; a MARK that is pushed and popped around the TensorProperties tuple is not pushed."""
     w = ctx.w
     ctx.dirty = True
-    memo, stack, sink = w.memo, w.stack, w.sink
-
-    def get(b: Bound, name: str) -> Any:  # BINGET / LONG_BINGET, as the loop pushes it
-        v = ctx.value(b.get[name])
-        if v is OPAQUE:
-            raise Fallback("memo GET of a value not kept")
-        stack.append(v)
-        return v
-
-    def memoize() -> None:
-        memo.push(stack[-1])
-
+    memo, stack, marks, sink = w.memo, w.stack, w.marks, w.sink
+    new_inst, build, intern = w.new_inst, w.build, sink.intern
+    seen: dict[tuple[bytes, ...], list[Any]] = {}
     prev = 0
     for r, b in ends:
-        memo.skip(8 * (r + 1 - prev))
-        stack.append(Rows(start + prev, r + 1 - prev))
-        w.rows_pushed += r + 1 - prev
+        n = r + 1 - prev
+        memo.skip(8 * n)
+        rows = Rows(start + prev, n)
+        w.rows_pushed += n
         if b.append1:  # APPEND: its one chunk (`single_lists` cut the run before a longer segment)
-            v = stack.pop()
-            w.append(stack[-1], [v])
+            w.append(stack[-1], [rows])
         else:
+            stack.append(rows)
             items = w.pop_mark()  # APPENDS
             w.append(stack[-1], items)
         prev = r + 1
@@ -211,46 +212,33 @@ def tensor_segments(ctx: Ctx, start: int, k: int, ends: list[tuple[int, Bound]])
         items = w.pop_mark()  # SETITEMS
         w.set_items(stack[-1], items)
         state = stack.pop()  # BUILD: the tensor's row (`Sink.add_tensor`)
-        w.build(stack[-1], state)
-        stack.append(sink.intern(b.key))  # SHORT_BINUNICODE MEMOIZE
-        memoize()
-        stack[-1] = w.new_inst(get(b, "tsm"), ())  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
-        memoize()
-        stack.append({})  # EMPTY_DICT MEMOIZE MARK
-        memoize()
-        _mark(w)
-        get(b, "k_properties")
-        stack[-1] = w.new_inst(get(b, "props_cls"), ())  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
-        memoize()
-        _mark(w)  # MARK GET GET NEWFALSE/NEWTRUE GET NEWFALSE/NEWTRUE TUPLE MEMOIZE BUILD
-        get(b, "dtype")
-        get(b, "layout")
-        stack.append(b.grad)
-        get(b, "memory_format")
-        stack.append(b.pin)
-        stack.append(tuple(w.pop_mark()))
-        memoize()
-        state = stack.pop()
-        w.build(stack[-1], state)
-        get(b, "k_size")
-        get(b, "tsize_fn")  # GET ints TUPLEn MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE
-        if b.size_marked:
-            _mark(w)
-            stack.extend(b.size)
-            stack.append(tuple(w.pop_mark()))
-        else:
-            stack.append(tuple(b.size))
-        memoize()
-        stack[-1] = (stack[-1],)
-        memoize()
-        args = stack.pop()
-        stack[-1] = w.reduce(stack[-1], args)
-        memoize()
-        get(b, "k_chunks")
-        stack.append(w.new_list())  # EMPTY_LIST MEMOIZE [MARK]
-        memoize()
+        build(stack[-1], state)
+        v = seen.get(b.sig)
+        if v is None:
+            v = [ctx.value(b.get[name]) for name in _TENSOR_GETS]
+            if any(x is OPAQUE for x in v):  # BINGET / LONG_BINGET of a value the walk did not keep
+                raise Fallback("memo GET of a value not kept")
+            seen[b.sig] = v
+        tsm, kp, props_cls, dtype, layout, mf, ks, size_fn, kc = v
+        if len(marks) + len(stack) + (9 if b.lmark else 7 if b.size_marked else 5) + 2 > MAX_STACK:
+            raise Fallback("stack bound")
+        key = intern(b.key)  # SHORT_BINUNICODE MEMOIZE
+        inst = new_inst(tsm, ())  # GET EMPTY_TUPLE NEWOBJ MEMOIZE
+        d: dict[Any, Any] = {}  # EMPTY_DICT MEMOIZE MARK
+        props = new_inst(props_cls, ())  # GET GET EMPTY_TUPLE NEWOBJ MEMOIZE
+        st = (dtype, layout, b.grad, mf, b.pin)  # MARK GET GET NEWFALSE/NEWTRUE GET NEWFALSE/NEWTRUE TUPLE MEMOIZE
+        build(props, st)  # BUILD
+        size = tuple(b.size)  # GET GET ints TUPLEn MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE
+        args = (size,)
+        value = w.reduce(size_fn, args)
+        lst = w.new_list()  # GET EMPTY_LIST MEMOIZE [MARK]
+        for x in (key, inst, d, props, st, size, args, value, lst):
+            memo.push(x)
+        stack.extend((key, inst, d))
+        marks.append(len(stack))
+        stack.extend((kp, props, ks, value, kc, lst))
         if b.lmark:
-            _mark(w)
+            marks.append(len(stack))
     memo.skip(8 * (k - prev))
     if k > prev:
         stack.append(Rows(start + prev, k - prev))
