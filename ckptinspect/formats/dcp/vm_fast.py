@@ -143,6 +143,7 @@ def _run(ctx: Ctx, pat: Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes],
 def _end(cols: list[Any], pos: int, k: int, w: Walker, kind: str) -> int:
     """Past the `k` records of `kind` a batch path read (counted for `vm_stats.ReadStats`)."""
     w.batch[kind] += k
+    w.runs[kind] += 1
     return pos + sum(map(len, cols[0][:k]))
 
 
