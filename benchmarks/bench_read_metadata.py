@@ -19,6 +19,8 @@ Examples::
     python benchmarks/bench_read_metadata.py /path/to/iter_0000100
     python benchmarks/bench_read_metadata.py --generate 200000 --repeat 3
     python benchmarks/bench_read_metadata.py --generate 200000 --generator other --gen-arg=--protocol=5
+    python benchmarks/bench_read_metadata.py --generate 100000 --generator real_dcp   # torch's dcp.save itself
+    python benchmarks/bench_read_metadata.py --generate 100000 --generator mcore      # megatron-core's own save
     python benchmarks/bench_read_metadata.py CKPT --cmd '{python} -c pass' \\
         --cmd '{python} -m ckptinspect audit {dir} --output json'
 
@@ -46,8 +48,22 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parent.parent
 # (a) the project's generator; (b) one that shares objects otherwise (plan chunks of their own, key strings one
 # object everywhere or fresh at every use, any protocol: issue 31)
+# (c) a real megatron-core 0.16.1 save on CPU/gloo (tools/make_sample_ckpts.py: GPT of many tiny layers, DP 2,
+# DistributedOptimizer, ~72 chunks a layer); (d) torch's own dcp.save of N one-element tensors (--gen-arg=--world=2
+# for DTensor chunks on 2 gloo ranks)
 GENERATORS = {"synthetic": REPO / "tools" / "make_synthetic_ckpt.py",
-              "other": REPO / "tools" / "make_other_sharing_ckpt.py"}
+              "other": REPO / "tools" / "make_other_sharing_ckpt.py",
+              "mcore": REPO / "tools" / "make_sample_ckpts.py",
+              "real_dcp": REPO / "tools" / "make_real_dcp_many.py"}
+MCORE_CHUNKS_PER_LAYER = 72  # measured: 1400 layers -> 100,826 chunks
+
+
+def _mcore_argv(out: Path, n: int, seed: int) -> list[str]:
+    layers = max(2, -(-n // MCORE_CHUNKS_PER_LAYER))
+    return [sys.executable, str(GENERATORS["mcore"]), "--out", str(out), "--format", "torch_dist", "--tp", "1",
+            "--pp", "1", "--dp", "2", "--layers", str(layers), "--hidden", "8", "--heads", "2", "--vocab-size", "64",
+            "--make-vocab-size-divisible-by", "64", "--optim-sharding", "dp_reshardable", "--iterations", "1",
+            "--seq-length", "8", "--micro-batch-size", "1", "--seed", str(seed), "--timeout", "3600"]
 DEFAULT_CMD = "{python} -m ckptinspect audit {dir} --output json"
 
 TORCH_CODE = r"""
@@ -153,7 +169,7 @@ from ckptinspect.formats.dcp.stream import read_metadata
 from ckptinspect.formats.dcp.vm_stats import ReadStats
 st = ReadStats()
 read_metadata(open(sys.argv[1], "rb"), stats=st)
-print(json.dumps({"batch": st.batch, "loop": st.loop, "fallback": st.fallback}))
+print(json.dumps({"batch": st.batch, "loop": st.loop, "runs": st.runs, "fallback": st.fallback}))
 """
 
 
@@ -168,11 +184,12 @@ def fallback_counts(md_path: Path, timeout: float) -> Optional[dict[str, Any]]:
 
 def print_fallbacks(counts: dict[str, Any]) -> None:
     """Records of each kind the opcode loop read once the batch paths were on (past their first memo slot)."""
-    print("\nfast-path fallbacks (records the loop read / all records the batch paths could take):")
+    print("\nfast-path fallbacks (records the loop read / all records the batch paths could take; batch runs):")
     for kind, n_loop in counts["loop"].items():
         total = n_loop + counts["batch"][kind]
         share = f"{100 * n_loop / total:.2f} %" if total else "-"
-        print(f"  {kind:<8} {n_loop:>9} / {total:<9} {share}")
+        runs = counts.get("runs", {}).get(kind, 0)
+        print(f"  {kind:<8} {n_loop:>9} / {total:<9} {share:>8}   {runs} runs")
     if counts.get("fallback"):
         print(f"  the stream went to the reference reader: {counts['fallback']}")
 
@@ -182,8 +199,12 @@ def generate(n: int, tmp_root: Optional[str], gen_args: list[str], seed: int,
     tmp = Path(tempfile.mkdtemp(prefix="bench_ckpt_", dir=tmp_root))
     ckpt = tmp / "iter_0000001"
     summary_path = tmp / "generate.json"
-    argv = [sys.executable, str(GENERATORS[generator]), str(ckpt), "--chunks", str(n), "--seed", str(seed),
-            "--json", str(summary_path), *gen_args]
+    if generator == "mcore":
+        argv = [*_mcore_argv(tmp / "save", n, seed), *gen_args]
+        ckpt = tmp / "save" / "iter_0000001"
+    else:
+        argv = [sys.executable, str(GENERATORS[generator]), str(ckpt), "--chunks", str(n), "--seed", str(seed),
+                "--json", str(summary_path), *gen_args]
     print(f"$ {shlex.join(argv)}", flush=True)
     t0 = time.perf_counter()
     p = subprocess.run(argv)
@@ -263,9 +284,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--generate", type=int, metavar="N",
                     help="first build a synthetic checkpoint with ~N chunks (--generator) in a temp dir")
     ap.add_argument("--generator", choices=sorted(GENERATORS), default="synthetic",
-                    help="with --generate: synthetic (tools/make_synthetic_ckpt.py, default) or other "
+                    help="with --generate: synthetic (tools/make_synthetic_ckpt.py, default), other "
                          "(tools/make_other_sharing_ckpt.py: other object sharing, --gen-arg=--protocol=N, "
-                         "--gen-arg=--strings=fresh)")
+                         "--gen-arg=--strings=fresh), mcore (tools/make_sample_ckpts.py: a real megatron-core save "
+                         "of ~N chunks, ~N/72 layers; 100k: ~10 min) or real_dcp (tools/make_real_dcp_many.py: "
+                         "torch's dcp.save of N tiny tensors, --gen-arg=--world=2)")
     ap.add_argument("--gen-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for the generator (repeatable), e.g. --gen-arg=--no-plans")
     ap.add_argument("--seed", type=int, default=0, help="generator seed")

@@ -150,8 +150,11 @@ class ChunkTable:
                             self.byte_length, self.files, self.transforms)
             shards = self.shards or (None,) * self.n_tensors
             ends = self.tensor_start.tolist()
-            got = tuple(Tensor(k, self.shape(t), self.dtypes[t], TableChunks(cols, ends[t], ends[t + 1]), shards[t],
-                               self.orig_shapes.get(k)) for t, k in enumerate(self.keys))
+            # shapes from lists, not per-tensor numpy slices (a real `dcp.save` of 100k one-chunk tensors: issue 31)
+            dims, starts = self.shapes.tolist(), self.shape_start.tolist()
+            got = tuple(Tensor(k, tuple(dims[starts[t]:starts[t + 1]]), self.dtypes[t],
+                               TableChunks(cols, ends[t], ends[t + 1]), shards[t], self.orig_shapes.get(k))
+                        for t, k in enumerate(self.keys))
             object.__setattr__(self, "_tensors", got)
         return got
 

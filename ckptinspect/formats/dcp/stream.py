@@ -113,8 +113,8 @@ def _read(f: IO[bytes], report: PickleReport, fast: bool, fast_from: int, stats:
                 out = _finish(root, w)
             finally:
                 if stats is not None:
-                    stats.batch, stats.loop, stats.memo_slots, stats.fallback = (
-                        dict(w.batch), dict(w.loop), w.memo.n, None)
+                    stats.batch, stats.loop, stats.runs, stats.memo_slots, stats.fallback = (
+                        dict(w.batch), dict(w.loop), dict(w.runs), w.memo.n, None)
                 w.release()  # breaks the walker <-> fast-path cycle, which `no_gc`'s freeze would keep forever
         report.merge(probe)
         return out

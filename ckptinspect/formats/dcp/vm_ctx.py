@@ -27,7 +27,8 @@ class Ctx:
         self.special: dict[int, tuple[re.Pattern[bytes], dict[int, int]]] = {}
         self.version = w.memo.version
         self.dirty = False  # a fast path began to change the walk's state (its Fallback then ends the walk)
-        self.bound_good: set[tuple[str, bytes]] = set()  # boundary GETs verified (`vm_bounds.read_bounds`)
+        # boundary GETs verified (`vm_bounds.read_bounds`): (name, GET), and (pattern id, all its GETs) per combination
+        self.bound_good: set[tuple[object, object]] = set()
 
     def value(self, raw: bytes) -> Any:
         v = self.values.get(raw, _MISS)

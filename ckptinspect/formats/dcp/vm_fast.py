@@ -35,7 +35,13 @@ from ckptinspect.formats.dcp.vm_eval import (
     StoragePairs,
 )
 from ckptinspect.formats.dcp.names import CHUNK as CHUNK_CLS, INDEX, WRITE_ITEM
-from ckptinspect.formats.dcp.vm_bounds import plan_segments, read_bounds, storage_segments, tensor_segments
+from ckptinspect.formats.dcp.vm_bounds import (
+    plan_segments,
+    read_bounds,
+    single_lists,
+    storage_segments,
+    tensor_segments,
+)
 from ckptinspect.formats.dcp.vm_ctx import Ctx
 from ckptinspect.formats.dcp.vm_patterns import (
     CHUNK_WANT,
@@ -137,6 +143,7 @@ def _run(ctx: Ctx, pat: Pattern, rec: re.Pattern[bytes], run: re.Pattern[bytes],
 def _end(cols: list[Any], pos: int, k: int, w: Walker, kind: str) -> int:
     """Past the `k` records of `kind` a batch path read (counted for `vm_stats.ReadStats`)."""
     w.batch[kind] += k
+    w.runs[kind] += 1
     return pos + sum(map(len, cols[0][:k]))
 
 
@@ -170,6 +177,7 @@ def _chunks(ctx: Ctx, buf: bytes, pos: int) -> int:
     for r, b in bounds.items():
         if b is None:
             ok[r] = False
+    single_lists(bounds, ok)
     k = B.first_false(ok)
     if not k:
         return -1

@@ -131,14 +131,17 @@ def _chunk_pattern(p: Pattern, tag: str) -> Pattern:
 # What may follow a chunk inside a run (`vm_bounds.py`): the next batch of 1,000 of the same chunk list (APPENDS
 # MARK), or the end of this tensor (APPENDS, SETITEMS, BUILD of its TensorStorageMetadata) and the next
 # state_dict_metadata entry up to its chunk list's MARK: its key (SHORT_BINUNICODE), TensorStorageMetadata(properties=
-# TensorProperties(dtype, layout, requires_grad, memory_format, pin_memory), size=torch.Size, chunks=[...]). One
-# group of the chunk pattern (every record of a run carries it, empty but for a few): its fields are read from the
-# few rows that have one, with `TENSOR_BOUND_REC`.
+# TensorProperties(dtype, layout, requires_grad, memory_format, pin_memory), size=torch.Size, chunks=[...]). A list
+# of one chunk (every plain tensor of a real `dcp.save`, issue 31 (d)) is pickled without MARK: `]` MEMOIZE, the
+# chunk, APPEND (`a`, not `e`), both in CPython's C and Python picklers (`batch_list_exact` / `_batch_appends`);
+# `end` and `lmark` say which. One group of the chunk pattern (every record of a run carries it, empty but for the
+# rows that end a list): its fields are read from the rows that have one, with `TENSOR_BOUND_REC`.
 TENSOR_BOUND = Pattern()
-(TENSOR_BOUND.raw(b"(?:").cap("cont", rb"e(?:\x95.{8})*\(").raw(b"|eub\x8c").cap("key_len", b".")
- .cap("key", _NAME).raw(rb"\x94").get("tsm").raw(_NEW).get("k_properties").get("props_cls")
+(TENSOR_BOUND.raw(b"(?:").cap("cont", rb"e(?:\x95.{8})*\(").raw(b"|").cap("end", b"[ea]").raw(b"ub\x8c")
+ .cap("key_len", b".").cap("key", _NAME).raw(rb"\x94").get("tsm").raw(_NEW).get("k_properties").get("props_cls")
  .raw(rb"\)\x81\x94\(").get("dtype").get("layout").cap("grad", rb"[\x88\x89]").get("memory_format")
- .cap("pin", rb"[\x88\x89]").raw(rb"t\x94b").get("k_size").size("tsize").get("k_chunks").raw(rb"\]\x94\()"))
+ .cap("pin", rb"[\x88\x89]").raw(rb"t\x94b").get("k_size").size("tsize").get("k_chunks").raw(rb"\]\x94")
+ .cap("lmark", rb"\(?").raw(b")"))
 TENSOR_BOUND_REC = TENSOR_BOUND.compile()
 CHUNK = _chunk_pattern(Pattern(), "").cap("bound", b"(?:" + TENSOR_BOUND.inline() + b")?")
 CHUNK_REC = CHUNK.compile()

@@ -21,12 +21,14 @@ def _zeros() -> dict[str, int]:
 @dataclass(slots=True)
 class ReadStats:
     """Per record kind: `batch`, records the batch paths read; `loop`, records the opcode loop read while the
-    batch paths were on (the fallbacks; with `fast=False` every record). `memo_slots`: the memo slots the walk
+    batch paths were on (the fallbacks; with `fast=False` every record); `runs`, the batch-path calls that read
+    them (records per run: a run cut at every tensor pays the batch decoders' fixed cost per tensor). `memo_slots`: the memo slots the walk
     counted (every path must count the pickle's MEMOIZEs exactly: a miscount shifts every later memo GET).
     `fallback` is the reason the stream went to the reference reader (None when it did not)."""
 
     batch: dict[str, int] = field(default_factory=_zeros)
     loop: dict[str, int] = field(default_factory=_zeros)
+    runs: dict[str, int] = field(default_factory=_zeros)
     memo_slots: int = 0
     fallback: str | None = None
 

@@ -59,6 +59,7 @@ class Walker:
         self.rows_pushed = self.rows_listed = self.pairs_pushed = self.pairs_set = 0
         # records of each kind (`vm_stats.KINDS`) read by the batch paths / by this loop past memo slot `batch_from`
         self.batch, self.loop, self.batch_from = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0), 0
+        self.runs = dict.fromkeys(KINDS, 0)  # batch-path calls that read records (`ReadStats.runs`)
 
     def release(self) -> None:
         """Drop what the walk built and its fast paths. The fast paths close over the walker (`vm_fast.py`): a
