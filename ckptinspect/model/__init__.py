@@ -257,6 +257,30 @@ class Topology:
                 "cp": self.cp, "etp": self.etp, "vpp": self.vpp}
 
 
+@dataclass(frozen=True, slots=True)
+class DataloaderState:
+    """The per-DP-rank dataloader state a training stack saved with a checkpoint (docs/contract.md "Dataloader state").
+
+    stack: the writer (`Stack` value: ``megatron-bridge``, ``torchtitan``).
+    location: where it is, relative to the checkpoint dir (``../energon/iter_0000002``) or the DCP key prefix
+        (``dataloader.``).
+    ranks: the DP ranks whose state is present, ascending.
+    dp: the DP size the state should cover: the size the stack recorded with it (torchtitan ``world_size``), else the
+        checkpoint's DP; None when neither is known.
+    unreadable: the present ranks whose state cannot be read (cut, hostile or not the stack's shape).
+    """
+
+    stack: str
+    location: str
+    ranks: tuple[int, ...]
+    dp: int | None
+    unreadable: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stack": self.stack, "location": self.location, "ranks": list(self.ranks), "dp": self.dp,
+                "unreadable": list(self.unreadable)}
+
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -322,6 +346,8 @@ class Checkpoint:
     save_in_progress: the reader found a save being written here (a legacy `mp_rank_*` iteration the tracker does not
       name, whose newest file is within the age rule's grace, `formats/inflight.py`): what is missing or cut is the
       write in progress, so the checks report it as CK132 (incomplete), not as damage.
+    dataloader: the per-DP-rank dataloader state its stack saved with it (Bridge `energon/`, torchtitan
+      `dataloader.dp_rank_*`), None when the stack saved none (or none is known); `resume` reads it.
     raw_tensor_items: tensor chunks are raw element bytes (DCP's Hugging Face storage writer: safetensors data), not
       torch archives: `--deep` checks their place and length only, and there is no pickle in them to scan.
     """
@@ -349,6 +375,7 @@ class Checkpoint:
     raw_tensor_items: bool = False
     data_dir: str = ""
     save_in_progress: bool = False
+    dataloader: DataloaderState | None = None
 
     def __post_init__(self) -> None:
         # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).
