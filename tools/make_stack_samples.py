@@ -6,6 +6,7 @@ Usage (repo root; each needs the libraries named below, see sample_ckpts/README.
     python tools/make_stack_samples.py --only nvrx_local      # megatron-core 0.16.1 + NVRx 0.4.1 LocalCheckpointManager
     python tools/make_stack_samples.py --only bridge nemo2    # megatron-core 0.16.1 payload + the stack's outer layout
     python tools/make_stack_samples.py --only megatron_fsdp   # megatron-core 0.16.1 Megatron FSDP (+ einops)
+    python tools/make_stack_samples.py --only torchtitan_dataloader  # torch DCP: torchtitan's dataloader Stateful
     python tools/make_stack_samples.py --only bridge_energon  # only bridge/energon/ (Bridge's dataloader sidecars)
 
 `bridge` and `nemo2` cannot run their stack here (Megatron-Bridge imports transformer_engine at module level, NeMo 2
@@ -270,8 +271,26 @@ def build_megatron_fsdp(out: str, tmp: str) -> None:
     print(f"[megatron_fsdp] {out}")
 
 
+def build_torchtitan_dataloader(out: str, tmp: str) -> None:
+    """torchtitan's dataloader Stateful per DP rank inside a DCP save (tools/_titan_dataloader.py; torch only)."""
+    code = (
+        "import socket, sys; sys.path.insert(0, %r)\n"
+        "import torch.multiprocessing as mp, _titan_dataloader\n"
+        "if __name__ == '__main__':\n"
+        "    s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
+        "    cfg = dict(port=port, world=2, seed=1234, steps=[1, 2], out=%r)\n"
+        "    mp.start_processes(_titan_dataloader.worker, args=(cfg,), nprocs=2, start_method='spawn')\n"
+    ) % (_TOOLS, os.path.relpath(out, _ROOT))
+    shutil.rmtree(out, ignore_errors=True)
+    script = os.path.join(tmp, "run_titan_dataloader.py")
+    with open(script, "w") as f:
+        f.write(code)
+    subprocess.run([sys.executable, script], check=True, cwd=_ROOT)
+    print(f"[torchtitan_dataloader] {out}")
+
+
 VERIFY = False  # --verify: megatron_fsdp also loads its save back the Megatron way (tools/_fsdp_cpu._verify_load)
-BUILDERS = {"torchtitan": build_torchtitan, "megatron_fsdp": build_megatron_fsdp, "nvrx_local": build_nvrx_local,
+BUILDERS = {"torchtitan": build_torchtitan, "torchtitan_dataloader": build_torchtitan_dataloader, "megatron_fsdp": build_megatron_fsdp, "nvrx_local": build_nvrx_local,
             "bridge": build_bridge, "nemo2": build_nemo2,
             # only the energon/ dir of an existing sample_ckpts/bridge (no megatron-core needed)
             "bridge_energon": lambda out, tmp: add_bridge_energon(os.path.join(os.path.dirname(out), "bridge"))}

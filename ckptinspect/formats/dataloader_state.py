@@ -91,10 +91,11 @@ def titan_dataloader(ckpt: Checkpoint, path: Path, label: str) -> tuple[Dataload
               | {_rank_of(t.key) for t in ckpt.tensors})
     no_bytes = tuple(r for r in ranks if r not in stored)
     dp = recorded if recorded is not None else ckpt.topology.dp
-    if recorded is not None and ckpt.topology.dp is not None and recorded != ckpt.topology.dp:
-        findings.append(Finding("CK544", f"the dataloader state was written for DP {recorded} but the checkpoint's "
-                                f"DP is {ckpt.topology.dp}", worlds[0].key, label,
-                                {"recorded_dp": recorded, "checkpoint_dp": ckpt.topology.dp}))
+    mismatch = _recorded_mismatch(recorded, ckpt.topology.dp, ckpt.topology.world_size)
+    if mismatch is not None:
+        findings.append(Finding("CK544", f"the dataloader state was written for DP {recorded} but {mismatch}",
+                                worlds[0].key, label, {"recorded_dp": recorded, "checkpoint_dp": ckpt.topology.dp,
+                                                       "world_size": ckpt.topology.world_size}))
     state = DataloaderState(Stack.TORCHTITAN.value, "dataloader.", tuple(ranks), dp, no_bytes)
     return state, findings + rank_findings(state, label, "dataloader.dp_rank_{}")
 
@@ -106,7 +107,7 @@ def rank_findings(state: DataloaderState, label: str, pattern: str) -> list[Find
     out: list[Finding] = []
     missing = [r for r in range(state.dp) if r not in state.ranks]
     if missing:
-        names = ", ".join(pattern.format(r) for r in missing[:8]) + (", ..." if len(missing) > 8 else "")
+        names = ", ".join(f"{r} ({pattern.format(r)})" for r in missing[:8]) + (", ..." if len(missing) > 8 else "")
         out.append(Finding("CK540", f"{state.location}: no dataloader state for DP rank(s) {names} of DP "
                            f"{state.dp}: a resume at this DP cannot restore the data position of those ranks "
                            f"({_consequence(state.stack)})", state.location, label,
@@ -117,6 +118,18 @@ def rank_findings(state: DataloaderState, label: str, pattern: str) -> list[Find
                            f"{state.dp} (left by a run with a larger DP, or the DP is misread): no rank loads it",
                            state.location, label, {"extra_ranks": extra, "dp": state.dp}))
     return out
+
+
+def _recorded_mismatch(recorded: int | None, dp: int | None, world: int | None) -> str | None:
+    """Why the recorded DP cannot be this checkpoint's: it differs from the known DP, or (DP unknown: a plain DCP
+    save says only its world size) it exceeds or does not divide the world size."""
+    if recorded is None:
+        return None
+    if dp is not None:
+        return f"the checkpoint's DP is {dp}" if recorded != dp else None
+    if world is not None and (recorded > world or world % recorded):
+        return f"the checkpoint was written by {world} rank(s) (DP divides the world size)"
+    return None
 
 
 def _consequence(stack: str) -> str:
