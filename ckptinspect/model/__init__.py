@@ -7,7 +7,8 @@ format's objects into these at their boundary; nothing here knows about pickles,
 
 Modules: this one (formats, enums, `StoredItem`, `Chunk`, `Tensor`, `ObjectItem`, `FileInfo`, `Topology`,
 `Checkpoint`); `chunk_table.py` (`ChunkTable`, the one store of every chunk of a checkpoint, as columns:
-`Checkpoint.tensors` are its `Tensor` views and each `Tensor.chunks` a read-only view of its rows).
+`Checkpoint.tensors` are its `Tensor` views and each `Tensor.chunks` a read-only view of its rows); `dataloader.py`
+(`DataloaderState`, `Checkpoint.dataloader`: a stack's per-DP-rank dataloader state).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckptinspect.findings import Finding
+from ckptinspect.model.dataloader import DataloaderState as DataloaderState  # re-exported
 
 if TYPE_CHECKING:
     from ckptinspect.model.chunk_table import ChunkTable, TableChunks
@@ -255,30 +257,6 @@ class Topology:
     def to_dict(self) -> dict[str, int | None]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "world_size": self.world_size,
                 "cp": self.cp, "etp": self.etp, "vpp": self.vpp}
-
-
-@dataclass(frozen=True, slots=True)
-class DataloaderState:
-    """The per-DP-rank dataloader state a training stack saved with a checkpoint (docs/contract.md "Dataloader state").
-
-    stack: the writer (`Stack` value: ``megatron-bridge``, ``torchtitan``).
-    location: where it is, relative to the checkpoint dir (``../energon/iter_0000002``) or the DCP key prefix
-        (``dataloader.``).
-    ranks: the DP ranks whose state is present, ascending.
-    dp: the DP size the state should cover: the size the stack recorded with it (torchtitan ``world_size``), else the
-        checkpoint's DP; None when neither is known.
-    unreadable: the present ranks whose state cannot be read (cut, hostile or not the stack's shape).
-    """
-
-    stack: str
-    location: str
-    ranks: tuple[int, ...]
-    dp: int | None
-    unreadable: tuple[int, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stack": self.stack, "location": self.location, "ranks": list(self.ranks), "dp": self.dp,
-                "unreadable": list(self.unreadable)}
 
 
 K = TypeVar("K")
