@@ -135,7 +135,9 @@ def _recorded_mismatch(recorded: int | None, dp: int | None, world: int | None) 
 def _consequence(stack: str) -> str:
     if stack == Stack.MEGATRON_BRIDGE.value:
         return "Bridge raises RuntimeError at load on each such rank"
-    return "torchtitan <=0.2 logs a warning and that rank starts its data from the beginning"
+    # torchtitan's dcp.load runs torch's DefaultLoadPlanner strict (no allow_partial_load): a key the rank's
+    # dataloader asks for and the checkpoint lacks raises before ParallelAwareDataloader.load_state_dict runs
+    return "torchtitan's dcp.load raises 'Missing key in checkpoint state_dict' on each such rank"
 
 
 def _rank_of(key: str) -> int:
