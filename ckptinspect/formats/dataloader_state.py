@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptinspect.errors import ReadError
-from ckptinspect.findings import Finding
+from ckptinspect.findings import Finding, Severity
 from ckptinspect.formats.files import pickle_findings, read_item_archive
 from ckptinspect.model import Checkpoint, DataloaderState, Stack
 from ckptinspect.pickling.plain import to_plain
@@ -169,8 +169,8 @@ def _check_bridge_file(file: Path, subject: str, label: str) -> list[Finding]:
     except ReadError as e:
         return [Finding("CK542", f"{subject}: {e}", subject, label, {"cause": e.code})]
     out = pickle_findings(archive.report, subject, label)
-    if archive.report.dangerous:
-        return out
+    if archive.report.dangerous or any(f.severity is Severity.ERROR for f in out):
+        return out  # the unpickler stopped at what it refused: the shape is not known, not wrong
     try:
         plain = to_plain(archive.obj)
     except ReadError as e:
