@@ -120,3 +120,14 @@ def test_resume_at_the_saved_dp_with_a_lost_rank_fails(bridge: Path) -> None:
 
 def test_resume_without_dataloader_state_says_absent() -> None:
     assert predict(read(SAMPLES / "torch_dist"), 1)[1] is Outcome.ABSENT
+
+
+def test_resume_cli_names_the_dataloader_line() -> None:
+    from typer.testing import CliRunner
+
+    from ckptinspect.cli.app import app
+
+    r = CliRunner().invoke(app, ["resume", str(SAMPLES / "bridge"), "--tp", "1", "--pp", "1", "--dp", "1"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code in (0, 1), r.output
+    assert "dataloader" in r.stdout and "dropped" in r.stdout and "lossy" in r.stdout
