@@ -165,6 +165,15 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK515", "error", "corrupt", "stack", "Megatron FSDP: a SwiGLU linear_fc1 half (_w/_v) missing or misshaped"),
         _c("CK516", "warning", None, "stack", "Megatron FSDP: rng_state \"(pp, tp)\" grid cell missing, malformed or partial"),
         _c("CK517", "error", "corrupt", "stack", "Megatron FSDP: optimizer state without (or with partial) param_to_group_meta"),
+        _c("CK540", "error", "incomplete", "stack", "a DP rank's dataloader state (Bridge energon/, torchtitan "
+           "dataloader.dp_rank_*) is missing"),
+        _c("CK541", "warning", None, "stack", "dataloader state of a DP rank beyond the checkpoint's DP"),
+        _c("CK542", "error", "corrupt", "stack", "a dataloader state file or item is unreadable, cut or not the "
+           "stack's shape"),
+        _c("CK543", "warning", None, "stack", "Megatron-Bridge: no Energon dataloader state for this iteration "
+           "while other iterations have it"),
+        _c("CK544", "warning", None, "stack", "the DP size recorded with the dataloader state differs from the "
+           "checkpoint's DP"),
         _c("CK520", "error", "incomplete", "retain", "no complete checkpoint in the save dir: nothing may be deleted"),
         _c("CK521", "warning", None, "retain", "the tracker does not name a complete iteration (kept; or unreadable: "
            "nothing deleted)"),

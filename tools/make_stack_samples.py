@@ -6,6 +6,8 @@ Usage (repo root; each needs the libraries named below, see sample_ckpts/README.
     python tools/make_stack_samples.py --only nvrx_local      # megatron-core 0.16.1 + NVRx 0.4.1 LocalCheckpointManager
     python tools/make_stack_samples.py --only bridge nemo2    # megatron-core 0.16.1 payload + the stack's outer layout
     python tools/make_stack_samples.py --only megatron_fsdp   # megatron-core 0.16.1 Megatron FSDP (+ einops)
+    python tools/make_stack_samples.py --only torchtitan_dataloader  # torch DCP: torchtitan's dataloader Stateful
+    python tools/make_stack_samples.py --only bridge_energon  # only bridge/energon/ (Bridge's dataloader sidecars)
 
 `bridge` and `nemo2` cannot run their stack here (Megatron-Bridge imports transformer_engine at module level, NeMo 2
 needs Lightning's MegatronStrategy on GPUs), so the payload is a real megatron-core 0.16.1 torch_dist save written by
@@ -144,7 +146,33 @@ def build_bridge(out: str, tmp: str) -> None:
         with open(os.path.join(d, "run_config.yaml"), "w") as f:
             yaml.safe_dump(bridge_run_config(args, save), f, default_flow_style=False)
         last = it
+    add_bridge_energon(out)
     print(f"[bridge] {out}: iterations up to {last}")
+
+
+def add_bridge_energon(out: str) -> None:
+    """Bridge's per-DP-rank Energon dataloader state beside the iterations of save dir `out`.
+
+    Megatron-Bridge v0.6.0 `training/checkpointing.py`: `save_checkpoint` L1174-1187 defaults `dataloader_save` to
+    `{checkpoint.save}/energon` (`DATALOADER_STATE_SUBDIR`, L145); `maybe_save_dataloader_state` L1733-1750 has the
+    TP/PP/CP leader of each DP replica write `get_checkpoint_name(path, it)/train_dataloader_dprank{dp:03d}.pt` =
+    `torch.save({"dataloader_state_dict": train_iterator.iterable.save_state()})`. Energon (megatron-energon) is not
+    installed here, so the inner state is a stand-in of builtins only; the outer layout and the torch.save archive
+    around it are Bridge's. One file per DP rank of the payload (DP 2), per iteration.
+    """
+    import torch
+
+    dp = PAYLOAD["dp"]
+    for name in sorted(n for n in os.listdir(out) if n.startswith("iter_")):
+        it = int(name[5:])
+        d = os.path.join(out, "energon", f"iter_{it:07d}")
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        for rank in range(dp):
+            state = {"rank": rank, "world_size": dp, "micro_batch_size": 1,
+                     "worker_states": [{"sample_index": it * 2 + rank, "epoch": 0, "rng_seed": 1234 + rank}]}
+            torch.save({"dataloader_state_dict": state}, os.path.join(d, f"train_dataloader_dprank{rank:03d}.pt"))
+    print(f"[bridge] {out}/energon: Energon-layout dataloader state for DP {dp}")
 
 
 def build_nemo2(out: str, tmp: str) -> None:
@@ -243,9 +271,29 @@ def build_megatron_fsdp(out: str, tmp: str) -> None:
     print(f"[megatron_fsdp] {out}")
 
 
+def build_torchtitan_dataloader(out: str, tmp: str) -> None:
+    """torchtitan's dataloader Stateful per DP rank inside a DCP save (tools/_titan_dataloader.py; torch only)."""
+    code = (
+        "import socket, sys; sys.path.insert(0, %r)\n"
+        "import torch.multiprocessing as mp, _titan_dataloader\n"
+        "if __name__ == '__main__':\n"
+        "    s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
+        "    cfg = dict(port=port, world=2, seed=1234, steps=[1, 2], out=%r)\n"
+        "    mp.start_processes(_titan_dataloader.worker, args=(cfg,), nprocs=2, start_method='spawn')\n"
+    ) % (_TOOLS, os.path.relpath(out, _ROOT))
+    shutil.rmtree(out, ignore_errors=True)
+    script = os.path.join(tmp, "run_titan_dataloader.py")
+    with open(script, "w") as f:
+        f.write(code)
+    subprocess.run([sys.executable, script], check=True, cwd=_ROOT)
+    print(f"[torchtitan_dataloader] {out}")
+
+
 VERIFY = False  # --verify: megatron_fsdp also loads its save back the Megatron way (tools/_fsdp_cpu._verify_load)
-BUILDERS = {"torchtitan": build_torchtitan, "megatron_fsdp": build_megatron_fsdp, "nvrx_local": build_nvrx_local,
-            "bridge": build_bridge, "nemo2": build_nemo2}
+BUILDERS = {"torchtitan": build_torchtitan, "torchtitan_dataloader": build_torchtitan_dataloader, "megatron_fsdp": build_megatron_fsdp, "nvrx_local": build_nvrx_local,
+            "bridge": build_bridge, "nemo2": build_nemo2,
+            # only the energon/ dir of an existing sample_ckpts/bridge (no megatron-core needed)
+            "bridge_energon": lambda out, tmp: add_bridge_energon(os.path.join(os.path.dirname(out), "bridge"))}
 
 
 def main(argv=None) -> int:

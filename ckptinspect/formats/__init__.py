@@ -18,7 +18,7 @@ Modules:
   `savedir.py` (the tracker and the iteration dirs), `inflight.py` (a save still being written, the age rule);
 - readers: `torch_dist.py`, `dcp/` (the one package that knows DCP's `.metadata`: reference reader, streaming VM,
   per-rank and Hugging Face layouts), `legacy.py` (per-rank `mp_rank_*` `.pt`), `zarr_dir.py`, `megatron_fsdp.py`,
-  `nvrx_local.py`, `safetensors.py` (Hugging Face safetensors files and sharded sets), `stacks.py` (Bridge, NeMo 2, torchtitan, non-persistent around a payload), `run_config.py`
+  `nvrx_local.py`, `safetensors.py` (Hugging Face safetensors files and sharded sets), `stacks.py` (Bridge, NeMo 2, torchtitan, non-persistent around a payload), `dataloader_state.py` (the stacks' per-DP-rank dataloader state), `run_config.py`
   (Bridge's `run_config.yaml`, safe-loaded);
 - shared by them: `files.py` (listing a dir, reading stored items, pickle findings), `transforms.py` (DCP stream
   transforms undone within bounds), `topology.py` (TP/PP/DP/... from args, checked against the files),

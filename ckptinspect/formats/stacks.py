@@ -11,6 +11,7 @@
 - torchtitan vs Megatron FSDP (`fsdp_dtensor`): both plain DCP without metadata.json; told apart by their keys
   (torchtitan's CheckpointManager flattens model keys to the top level and adds `train_state.*` / `lr_scheduler.*`;
   Megatron FSDP keys are `model.module.*`, `optimizer.state.module.*`, `optimizer.param_to_group_meta.*`).
+- Per-DP-rank dataloader state (Bridge `energon/`, torchtitan `dataloader.dp_rank_*`): `formats/dataloader_state.py`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
+from ckptinspect.formats.dataloader_state import bridge_dataloader, titan_dataloader
 from ckptinspect.formats.files import pickle_findings
 from ckptinspect.formats.megatron_fsdp import fsdp_enrich
 from ckptinspect.formats.savedir import join_label
@@ -115,6 +117,9 @@ def enrich(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout | None,
             stack, why = classify_dcp_keys([t.key for t in ckpt.tensors] + [o.key for o in ckpt.objects])
             if stack is Stack.MEGATRON_FSDP and why is not None:
                 return _with(fsdp_enrich(ckpt, path, label), stack, (why,), ())
+            if stack is Stack.TORCHTITAN and why is not None:
+                state, found = titan_dataloader(ckpt, path, label)
+                return _with(ckpt, stack, (why,), found, dataloader=state)
             if stack is not None and why is not None:
                 return _with(ckpt, stack, (why,), ())
         return ckpt
@@ -203,7 +208,10 @@ def _bridge(ckpt: Checkpoint, path: Path, label: str, layout: OuterLayout, paylo
             findings.append(Finding("CK510", "run_config.yaml asks for tokenizer assets (save_tokenizer_assets) "
                                     "but tokenizer/ is missing: the save stopped after run_config.yaml",
                                     "tokenizer", label))
-    out = _with(ckpt, Stack.MEGATRON_BRIDGE, layout.evidence, findings, **extra_changes)
+    # the Energon sidecars against the DP just derived (run_config.yaml's, when the common state has no args)
+    state, found = bridge_dataloader(replace(ckpt, **extra_changes), path, label, config)
+    findings.extend(found)
+    out = _with(ckpt, Stack.MEGATRON_BRIDGE, layout.evidence, findings, dataloader=state, **extra_changes)
     extra = dict(out.extra)
     if config is not None:
         extra["args_source"] = RUN_CONFIG if ckpt.args is None else "common state"

@@ -7,7 +7,8 @@ format's objects into these at their boundary; nothing here knows about pickles,
 
 Modules: this one (formats, enums, `StoredItem`, `Chunk`, `Tensor`, `ObjectItem`, `FileInfo`, `Topology`,
 `Checkpoint`); `chunk_table.py` (`ChunkTable`, the one store of every chunk of a checkpoint, as columns:
-`Checkpoint.tensors` are its `Tensor` views and each `Tensor.chunks` a read-only view of its rows).
+`Checkpoint.tensors` are its `Tensor` views and each `Tensor.chunks` a read-only view of its rows); `dataloader.py`
+(`DataloaderState`, `Checkpoint.dataloader`: a stack's per-DP-rank dataloader state).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckptinspect.findings import Finding
+from ckptinspect.model.dataloader import DataloaderState as DataloaderState  # re-exported
 
 if TYPE_CHECKING:
     from ckptinspect.model.chunk_table import ChunkTable, TableChunks
@@ -322,6 +324,8 @@ class Checkpoint:
     save_in_progress: the reader found a save being written here (a legacy `mp_rank_*` iteration the tracker does not
       name, whose newest file is within the age rule's grace, `formats/inflight.py`): what is missing or cut is the
       write in progress, so the checks report it as CK132 (incomplete), not as damage.
+    dataloader: the per-DP-rank dataloader state its stack saved with it (Bridge `energon/`, torchtitan
+      `dataloader.dp_rank_*`), None when the stack saved none (or none is known); `resume` reads it.
     raw_tensor_items: tensor chunks are raw element bytes (DCP's Hugging Face storage writer: safetensors data), not
       torch archives: `--deep` checks their place and length only, and there is no pickle in them to scan.
     """
@@ -349,6 +353,7 @@ class Checkpoint:
     raw_tensor_items: bool = False
     data_dir: str = ""
     save_in_progress: bool = False
+    dataloader: DataloaderState | None = None
 
     def __post_init__(self) -> None:
         # Readers hand over plain dicts; the model keeps read-only copies (made once: `frozen` keeps its own views).

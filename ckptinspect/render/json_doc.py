@@ -209,6 +209,7 @@ def info_doc(c: Checkpoint, s: Summary) -> dict[str, Any]:
         "topology": c.topology.to_dict(),
         "topology_sources": dict(c.topology.sources),
         "optimizer_sharding": c.optimizer_sharding,
+        "dataloader": c.dataloader.to_dict() if c.dataloader is not None else None,
         "tensors": [
             {"key": t.key, "shape": list(t.shape), "dtype": t.dtype, "chunks": len(t.chunks), "bytes": t.nbytes,
              "stored_bytes": t.stored_bytes, **({"shard": t.shard} if t.shard else {}),

@@ -27,6 +27,7 @@ from corpus_args import ARGS_CASES
 from corpus_coverage import COVERAGE_CASES
 from corpus_formats import FORMATS_CASES
 from corpus_healthy import HEALTHY_CASES
+from corpus_dataloader import DATALOADER_CASES
 from corpus_inflight import INFLIGHT_CASES
 from corpus_kit import (
     SOURCES,
@@ -59,7 +60,7 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
     "manifest": MANIFEST_CASES, "tracker": TRACKER_CASES, "safety": SAFETY_CASES, "legacy": LEGACY_CASES,
     "args": ARGS_CASES, "inflight": INFLIGHT_CASES,
     # on the parallel-layout samples and the training stacks' samples, not on the core ones
-    "layouts": LAYOUT_CASES, "stacks": STACK_CASES,
+    "layouts": LAYOUT_CASES, "stacks": STACK_CASES, "dataloader": DATALOADER_CASES,
     # the release format and the value scan (`audit --values`): not replayed from object storage by CASES
     "safetensors": SAFETENSORS_CASES, "values": VALUES_CASES,
 }
@@ -67,7 +68,7 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
 
 ACCEPTANCE_CASES: tuple[Case, ...] = tuple(c for family in FAMILIES.values() for c in family)
 CASES: tuple[Case, ...] = tuple(c for name, family in FAMILIES.items()
-                                if name not in ("layouts", "stacks", "safetensors", "values")
+                                if name not in ("layouts", "stacks", "dataloader", "safetensors", "values")
                                 for c in family)
 
 _BY_NAME = {c.name: c for c in ACCEPTANCE_CASES}

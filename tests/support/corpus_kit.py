@@ -53,6 +53,7 @@ SOURCES: dict[str, tuple[Path, tuple[str, ...]]] = {
     "nemo2": (SAMPLES / "nemo2", ("checkpoints",)),
     "nvrx_local": (SAMPLES / "nvrx_local", ("0/iter_0000002_0_local.pt", "1/iter_0000002_1_local.pt")),
     "torchtitan": (SAMPLES / "torchtitan", ("step-2/.metadata",)),
+    "torchtitan_dataloader": (SAMPLES / "torchtitan_dataloader", ("step-2/.metadata",)),
     "megatron_fsdp": (SAMPLES / "megatron_fsdp", ("latest_checkpointed_iteration.txt", "iter_0000001/.metadata")),
     "mcore_0_15_3_zarr": (SAMPLES / "mcore_0_15_3_zarr", ("latest_checkpointed_iteration.txt",
                                                           "iter_0000001/output_layer.weight/.zarray")),

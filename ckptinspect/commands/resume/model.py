@@ -39,12 +39,14 @@ class Component(enum.Enum):
     RERUN_STATE = "rerun_state"
     SCHEDULER = "scheduler"
     ITERATION = "iteration"
+    DATALOADER = "dataloader"
 
 
 SOURCES: Mapping[str, str] = {
     "[LM]": "Megatron-LM megatron/training/checkpointing.py @0032978f",
     "[tok]": "Megatron-LM megatron/training/tokenizer/tokenizer.py @00ee9667",
     "[mc]": "megatron-core 0.16.1 (megatron/core/...)",
+    "[Bridge]": "Megatron-Bridge v0.6.0 src/megatron/bridge/training/checkpointing.py",
 }
 
 

@@ -16,6 +16,7 @@ from ckptinspect.commands.resume.conditions import (
     r_absent, r_dp_init, r_ep_grid, r_legacy_split, r_load, r_missing, r_skip, r_split, is_release, s_absent,
     s_load, s_missing, s_skip, x_absent, x_changed, x_finetune, x_idle,
 )
+from ckptinspect.commands.resume.data_position import BRIDGE_LOAD, d_absent, d_dropped, d_load, d_missing
 from ckptinspect.commands.resume.facts import ResumeFacts
 from ckptinspect.commands.resume.model import Component, ComponentPrediction, Outcome, RuleResult
 
@@ -33,8 +34,8 @@ class Rule:
 
 
 _LM = "[LM] load_checkpoint"
-M, O, R, X, S, I = (Component.MODEL, Component.OPTIMIZER, Component.RNG, Component.RERUN_STATE, Component.SCHEDULER,
-                    Component.ITERATION)
+M, O, R, X, S, I, D = (Component.MODEL, Component.OPTIMIZER, Component.RNG, Component.RERUN_STATE,
+                       Component.SCHEDULER, Component.ITERATION, Component.DATALOADER)
 F, RS, LD, SK, DR, AB = (Outcome.FAILS, Outcome.RESHARDED, Outcome.LOADED, Outcome.SKIPPED, Outcome.DROPPED,
                          Outcome.ABSENT)
 
@@ -103,6 +104,11 @@ RULES: tuple[Rule, ...] = (
     Rule("iteration.release", I, "release checkpoint", AB, _LM, i_release),
     Rule("iteration.missing", I, "no iteration saved", F, _LM, i_missing),
     Rule("iteration.load", I, "otherwise", LD, _LM, i_load),
+    Rule("dataloader.absent", D, "no per-DP-rank dataloader state saved (or the target DP is unknown)", AB,
+         BRIDGE_LOAD, d_absent),
+    Rule("dataloader.missing", D, "a target DP rank has no saved state", F, BRIDGE_LOAD, d_missing),
+    Rule("dataloader.dropped", D, "saved state of DP ranks at or beyond the target DP", DR, BRIDGE_LOAD, d_dropped),
+    Rule("dataloader.load", D, "otherwise", LD, BRIDGE_LOAD, d_load),
 )
 
 

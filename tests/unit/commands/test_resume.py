@@ -98,7 +98,7 @@ def test_tp_change_on_dp_reshardable_fails_optimizer_and_drops_rng() -> None:
     TP 2→1 keeps the sample's padded vocabulary (ceil(100/64)×64 = 128), so the model itself reshards."""
     p = predict(ckpt("torch_dist"), tp=1, pp=2, dp=2)
     assert outcomes(p) == {M: Outcome.RESHARDED, O: Outcome.FAILS, R: Outcome.DROPPED, X: Outcome.ABSENT,
-                           S: Outcome.LOADED, I: Outcome.LOADED}
+                           S: Outcome.LOADED, I: Outcome.LOADED, Component.DATALOADER: Outcome.ABSENT}
     assert p.verdict is Verdict.FAILS
     assert "dp_reshardable" in p.components[O].reason
     assert "--dist-ckpt-optim-fully-reshardable" in p.components[O].reason
@@ -185,7 +185,7 @@ def test_finetune_skips_instead_of_dropping() -> None:
     the optimizer + scheduler block and the rng block are gated on `not args.finetune`, iteration = 0."""
     p = predict(ckpt("torch_dist"), tp=1, pp=2, dp=2, finetune=True)
     assert outcomes(p) == {M: Outcome.RESHARDED, O: Outcome.SKIPPED, R: Outcome.SKIPPED, X: Outcome.ABSENT,
-                           S: Outcome.SKIPPED, I: Outcome.SKIPPED}
+                           S: Outcome.SKIPPED, I: Outcome.SKIPPED, Component.DATALOADER: Outcome.ABSENT}
     assert p.verdict is Verdict.OK
 
 
@@ -397,7 +397,7 @@ def test_verdict_of() -> None:
 def test_to_dict_has_the_contract_keys() -> None:
     d = predict(ckpt("torch_dist"), tp=1, pp=2, dp=2, no_load_rng=True).to_dict()
     assert d["verdict"] == "fails"
-    assert set(d["components"]) == {"model", "optimizer", "rng", "rerun_state", "scheduler", "iteration"}
+    assert set(d["components"]) == {"model", "optimizer", "rng", "rerun_state", "scheduler", "iteration", "dataloader"}
     assert all(set(v) >= {"outcome", "reason"} for v in d["components"].values())
     assert {"tp", "pp", "dp", "ep", "world_size"} <= set(d["source"]) and d["source"]["tp"] == 2
     assert d["target"]["no_load_rng"] is True and d["target"]["world_size"] == 4
