@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ckptinspect.findings import Status
+from ckptinspect.findings import CODES, EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, Severity, Status
 from ckptinspect.model import StrEnum
 
 STALL_CODE = "CK530"
@@ -77,6 +77,18 @@ class Event:
     codes: tuple[str, ...] = ()
     seconds: float | None = None
     message: str | None = None
+
+    def exit_code(self, fail_on: Severity | None) -> int:
+        """What this event makes the run exit with (`--fail-fast` stops on the first non-zero): an `audited` or
+        `stalled` event with a code at or above `fail_on` 1, an `error` event 2, anything else 0."""
+        if self.kind is EventKind.ERROR:
+            return EXIT_USAGE
+        if fail_on is None or self.kind not in (EventKind.AUDITED, EventKind.STALLED):
+            return EXIT_OK
+        # a stall is judged by CK530 alone: the unfinished save's own codes (CK101, ...) are what in flight looks like
+        codes = (STALL_CODE,) if self.kind is EventKind.STALLED else self.codes
+        worst = max((CODES[c].severity.rank for c in codes), default=-1)
+        return EXIT_FINDINGS if worst >= fail_on.rank else EXIT_OK
 
     def to_dict(self) -> dict[str, object]:
         return {"event": self.kind.value, "time": round(self.time, 3), "name": self.name,
