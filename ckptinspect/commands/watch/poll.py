@@ -74,7 +74,7 @@ class Poller:
 
             reset(dict(session().options))  # fresh listings: what the previous poll cached may be stale
         if not self.path.is_dir():  # gone or unreachable: an error event, no state change (no removals)
-            raise FileNotFoundError(f"the save dir is not there (or not a dir) on this poll")
+            raise FileNotFoundError("the save dir is not there (or not a dir) on this poll")
         with unread_scope():
             save = read_save_dir(self.path)
         self._save = save
