@@ -17,6 +17,8 @@ unfinished save (`incomplete`, or `unrecognized` for a dir just created) and the
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -120,11 +122,17 @@ def signature(path: Path) -> str:
     return h.hexdigest()
 
 
-def _size(p: Path) -> int:
+def _size(p: Path) -> str:
+    """A file's size (an object's size and ETag: a rewritten object of the same size changes it too); -1 for a
+    dir, -2 for what cannot be stat'ed."""
+    if isinstance(p, ObjectPath):
+        info = p.object_info()
+        return "-1" if info is None else f"{info.size}:{info.etag}"
     try:
-        return p.stat().st_size if p.is_file() else -1
+        st = os.stat(p)
     except OSError:
-        return -2
+        return "-2"
+    return str(st.st_size) if stat.S_ISREG(st.st_mode) else "-1"
 
 
 def follow(path: Path, label: str, opts: WatchOptions, clock: Callable[[], float] = time.time,
