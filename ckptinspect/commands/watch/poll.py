@@ -2,7 +2,7 @@
 the polling loop (`follow`) that feeds the state machine (`state.py`) and yields its events.
 
 A poll lists the save dir (`read_save_dir`: tracker and iteration dirs) and, for every iteration dir that is not
-settled yet, its entries (and those of its sub-dirs, one level: a legacy save writes into `mp_rank_*/`): the
+settled complete, its entries (and those of its sub-dirs, one level: a legacy save writes into `mp_rank_*/`): the
 signature is a digest of their names and sizes and of the newest modification time (`formats/inflight.py`). On
 object storage each poll starts from fresh listings (the storage session is reset with its options, so nothing
 cached by the previous poll hides a new object): one listing of the save dir's prefix plus one per unsettled
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptinspect.commands.audit.audit import AuditOptions, audit_checkpoint
-from ckptinspect.commands.watch.state import Event, EventKind, Phase, Seen, Snapshot, Verdict, Watcher
+from ckptinspect.commands.watch.state import Event, EventKind, Seen, Snapshot, Verdict, Watcher
 from ckptinspect.errors import CkptInspectError, UsageError
 from ckptinspect.findings import Status
 from ckptinspect.formats.inflight import age_of, newest_mtime
@@ -71,6 +71,7 @@ class Poller:
         self._save: SaveDir | None = None
 
     def snapshot(self, now: float, settled: Callable[[str], bool]) -> Snapshot:
+        """One poll at time `now`; `settled(name)`: the iteration needs no signature (settled complete)."""
         if isinstance(self.path, ObjectPath):
             from ckptinspect.io.session import reset, session
 
@@ -147,7 +148,7 @@ def follow(path: Path, label: str, opts: WatchOptions, clock: Callable[[], float
     while True:
         now = clock()
         try:
-            snap = poller.snapshot(now, lambda name: machine.phase(name) is Phase.SETTLED)
+            snap = poller.snapshot(now, machine.done)
             events = machine.observe(snap)
         except (OSError, CkptInspectError) as e:
             events = [Event(EventKind.ERROR, now, message=f"{label}: {e}")]

@@ -149,10 +149,26 @@ class Watcher:
             out.extend(self._step(seen, snap.time, moved))
         return out
 
+    def done(self, name: str) -> bool:
+        """Whether iteration dir `name` is settled complete: never looked at again (no signature needed)."""
+        t = self._tracks.get(name)
+        return t is not None and t.phase is Phase.SETTLED and t.status is Status.COMPLETE
+
     def _step(self, seen: Seen, now: float, moved: bool) -> Iterable[Event]:
         t = self._tracks.get(seen.name)
         if t is not None and t.phase is Phase.SETTLED:
-            return ()
+            # complete: final. Broken: audited again only when its dir changes (a slow save the audit judged
+            # damaged while it was still written — a legacy file cut short past the grace — may yet finish)
+            if t.status is Status.COMPLETE or t.signature == seen.signature:
+                return ()
+            verdict = self.classify(seen.name)
+            if verdict.in_flight:
+                self._tracks[seen.name] = _Track(seen.iteration, seen.signature, Phase.IN_FLIGHT, verdict.status,
+                                                 verdict.codes, now)
+                return (Event(EventKind.IN_FLIGHT, now, seen.name, seen.iteration, verdict.status, verdict.codes),)
+            same = verdict.status is t.status and verdict.codes == t.codes
+            t.signature, t.status, t.codes, t.changed_at = seen.signature, verdict.status, verdict.codes, now
+            return () if same else self._settled(seen, now, verdict)
         if t is not None and t.signature == seen.signature and not moved:
             if not t.stalled and now - t.changed_at >= self.stall_after:
                 t.stalled = True
@@ -176,6 +192,9 @@ class Watcher:
             return ()
         self._tracks[seen.name] = _Track(seen.iteration, seen.signature, Phase.SETTLED, verdict.status,
                                          verdict.codes, now)
+        return self._settled(seen, now, verdict)
+
+    def _settled(self, seen: Seen, now: float, verdict: Verdict) -> tuple[Event, ...]:
         audited = Event(EventKind.AUDITED, now, seen.name, seen.iteration, verdict.status, verdict.codes)
         if verdict.status is Status.COMPLETE:
             return (Event(EventKind.COMPLETE, now, seen.name, seen.iteration, verdict.status, verdict.codes),

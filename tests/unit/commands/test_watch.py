@@ -53,7 +53,7 @@ class Run:
         self.machine = Watcher(classify, stall_after)
 
     def poll(self, t: float) -> list[tuple[str, str | None, str | None]]:
-        snap = self.poller.snapshot(t, lambda n: self.machine.phase(n) is Phase.SETTLED)
+        snap = self.poller.snapshot(t, self.machine.done)
         self.last = self.machine.observe(snap)
         return [(e.kind.value, e.name, e.status.value if e.status is not None else None) for e in self.last]
 
@@ -139,6 +139,20 @@ def test_a_broken_iteration_is_audited_and_fails(save: Path) -> None:
     assert ev[-1] == ("audited", "iter_0000002", "corrupt")
     assert r.last[-1].exit_code(Severity.ERROR) == 1 and r.last[-1].exit_code(None) == 0
     assert r.machine.phase("iter_0000002") is Phase.SETTLED
+    assert r.poll(1) == [] and r.calls.count("iter_0000002") == 1  # unchanged: not audited again
+
+
+def test_a_broken_iteration_written_further_is_audited_again(save: Path) -> None:
+    """A slow save judged damaged while still written (a file cut short) that then finishes: audited again when its
+    dir changes, complete at last."""
+    d = _iteration(save, 2)
+    with open(d / "__3_1.distcp", "r+b") as f:
+        f.truncate(1000)
+    r = Run(save)
+    assert r.poll(0)[-1] == ("audited", "iter_0000002", "corrupt")
+    shutil.copy2(IT / "__3_1.distcp", d / "__3_1.distcp")
+    assert r.poll(1) == [("iteration_complete", "iter_0000002", "complete"), ("audited", "iter_0000002", "complete")]
+    assert r.poll(2) == [] and r.machine.done("iter_0000002")
 
 
 def test_an_unfinished_save_the_tracker_passed_is_settled(save: Path) -> None:
