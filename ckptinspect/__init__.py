@@ -36,6 +36,7 @@ from ckptinspect.api import (
     sniff,
     values,
     verify_manifest,
+    watch,
     write_manifest,
 )
 from ckptinspect.errors import BrokenSaveDir, CkptInspectError, LimitExceeded, ReadError, StorageError, UsageError
@@ -96,6 +97,7 @@ __all__ = [
     # one function per command
     "sniff", "read", "ls", "info", "audit", "diff", "resume", "coverage", "verify_manifest", "write_manifest",
     "merge_manifest_reports", "scan", "estimate", "retain", "values", "merge_values_reports",
+    "watch",
     # values
     "Status", "Severity", "Finding", "FailOn", "FailOnLike", "GptDescription",
     # verdict enums: a sniff's state, a resume's verdict and each component's outcome

@@ -36,6 +36,9 @@ from ckptinspect.results import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ckptinspect.commands.watch import Event
     from ckptinspect.commands.estimate.describe import GptDescription
     from ckptinspect.services.integrity_report import ManifestReport
     from ckptinspect.model import Checkpoint
@@ -288,6 +291,27 @@ def retain(path: PathLike, *, keep_last: int, keep_every: int | None = None, kee
     p, label = _path(path)
     policy = RetainPolicy(keep_last, keep_every, parse_keep(str(k) for k in keep))
     return RetainResult(do_retain(p, policy, label, hash_files))
+
+
+def watch(path: PathLike, *, interval: float = 10.0, stall_after: float = 600.0, max_polls: int | None = None,
+          timeout: float | None = None, hash_files: bool = False,
+          storage_options: StorageOptions = None) -> Iterator[Event]:
+    """Follow a live run's save dir (`ckptinspect watch`): poll it every `interval` seconds and yield one `Event` per
+    state change (`.kind`, `.name`, `.iteration`, `.status`, `.codes`, `.to_dict()`; `.exit_code(Severity.ERROR)`
+    is what `--fail-fast` exits with). Each iteration is audited once, when its final marker appears; a save unchanged
+    for `stall_after` seconds while unfinished is one `stalled` event (CK530). Stops after `max_polls` polls or
+    `timeout` seconds (never when both are None: close the generator to stop). Reads only. `UsageError` for a PATH
+    that does not exist or is one checkpoint; raised when the generator starts."""
+    _storage(storage_options)
+    from ckptinspect.commands.watch import WatchOptions, check_save_dir, follow
+    from ckptinspect.errors import UsageError
+
+    if interval < 0 or stall_after < 0 or (timeout is not None and timeout < 0) or (
+            max_polls is not None and max_polls < 1):
+        raise UsageError("--interval, --stall-after and --timeout must not be negative, --max-polls at least 1")
+    p, label = _path(path)
+    check_save_dir(p, label)
+    return follow(p, label, WatchOptions(interval, stall_after, max_polls, timeout, hash_files))
 
 
 def estimate(*, params: float | None = None, description: GptDescription | None = None,

@@ -181,6 +181,7 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK523", "warning", None, "retain", "a --keep milestone does not exist in the save dir"),
         _c("CK524", "warning", None, "lineage", "an iteration's model weights are bit-identical to the previous "
            "iteration's (stale save)"),
+        _c("CK530", "warning", None, "watch", "`watch`: a save stayed half-written (unchanged) past --stall-after"),
         _c("CK601", "error", "unsafe", "safety", "pickle references a dangerous callable (not executed)"),
         _c("CK602", "warning", None, "safety", "pickle references a global outside the allowlist"),
         _c("CK603", "error", "corrupt", "safety", "pickle or archive exceeds the reader's resource bounds"),

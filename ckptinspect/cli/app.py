@@ -266,12 +266,14 @@ from ckptinspect.cli.scan_cmd import register as _register_scan  # noqa: E402
 from ckptinspect.cli.estimate_cmd import register as _register_estimate  # noqa: E402
 from ckptinspect.cli.values_cmd import register as _register_values  # noqa: E402
 from ckptinspect.cli.retain_cmd import register as _register_retain  # noqa: E402
+from ckptinspect.cli.watch_cmd import register as _register_watch  # noqa: E402
 
 _register_manifest(app)
 _register_scan(app)
 _register_estimate(app)
 _register_values(app)
 _register_retain(app)
+_register_watch(app)
 
 
 def main() -> None:

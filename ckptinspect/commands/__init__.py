@@ -13,6 +13,8 @@
 - `resume/`: the rule table that predicts what a resume restores (its `__init__` names the modules in order).
 - `retain/`: `facts.py` reads a save dir for a retention plan (each iteration classified, manifest checked, age
   rule); `plan.py` the pure rules deciding which iteration dirs could be deleted and why each kept one stays.
+- `watch/`: `state.py` the pure state machine of `watch` (snapshots of a save dir in, events out); `poll.py` the
+  polls, the audit of each iteration once its final marker appears, and the polling loop.
 - `values/`: the value scan: `scan.py` units of work read in bounded pieces, `report.py` per-tensor results and the
   `--shard` merge, `rules.py` the value findings (CK901-CK911).
 - `scan/`: `scan.py` the walk over a path's directories (one file's scan is `services/safety_scan.py`).

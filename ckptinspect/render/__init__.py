@@ -7,5 +7,6 @@ goes. One module per output format, plus one per command whose text is its own:
   (`info --csv`), `svg.py` (`coverage --svg`), `estimate_svg.py` (`estimate --svg`), `html.py` (`audit` / `diff
   -o html`) in the self-contained page of `html_page.py` (its CSP, style, script and filterable table);
 - `text.py` (sniff / ls / info / audit / coverage / manifest text), `diff_text.py`, `resume_text.py`,
-  `estimate_text.py`, `retain_text.py`, `scan.py` (scan as text and markdown), `values_text.py` (values as text and CSV).
+  `estimate_text.py`, `retain_text.py`, `scan.py` (scan as text and markdown), `values_text.py` (values as text and CSV),
+  `watch_lines.py` (one `watch` event as a JSON line or a text line).
 """

@@ -45,6 +45,9 @@ UNCOVERABLE: dict[str, str] = {
 UNCOVERABLE.update({code: "produced by `retain`, not `audit`: tests/unit/commands/test_retain.py and "
                     "tests/unit/cli/test_retain_cmd.py run it over copies of real save dirs"
                     for code in ("CK520", "CK521", "CK522", "CK523")})
+UNCOVERABLE["CK530"] = ("produced by `watch` (a save unchanged past --stall-after while unfinished), not `audit`: "
+                        "tests/unit/commands/test_watch.py over copies of real saves, tests/live/test_live_watch.py "
+                        "over a real megatron-core save stopped mid-write")
 UNCOVERABLE["CK209"] = ("needs a process file modes bind (the cases run as whoever runs the suite, and root "
                         "ignores modes): tests/acceptance/test_permissions.py runs the CLI as an unprivileged user over "
                         "chmod'ed samples")

@@ -27,7 +27,7 @@ PUBLIC = {
     "write_manifest", "merge_manifest_reports", "scan", "estimate", "Status", "Severity", "Finding", "FailOn",
     "GptDescription", "SniffResult", "LsResult", "InfoResult", "AuditResult", "DiffResult", "ResumeResult",
     "CoverageResult", "ManifestResult", "WrittenManifestResult", "ScanResult", "EstimateResult", "CkptInspectError",
-    "retain", "RetainResult", "values", "merge_values_reports", "ValuesResult",
+    "retain", "RetainResult", "values", "merge_values_reports", "ValuesResult", "watch",
     "UsageError", "BrokenSaveDir", "ReadError", "LimitExceeded", "StorageError", "FailOnLike",
     # the verdict enums and the neutral model `read()` returns
     "SniffState", "Verdict", "Outcome", "Checkpoint", "Tensor", "Chunk", "ChunkTable", "StoredItem", "ObjectItem",
@@ -193,3 +193,22 @@ def test_estimate_quick_and_described_forms_equal_cli() -> None:
                 {"params": 1e9, "optim_sharding": "zero3"}):
         with pytest.raises(ckptinspect.UsageError):
             ckptinspect.estimate(**bad)  # type: ignore[arg-type]
+
+
+def test_watch_yields_the_events_the_cli_prints(tmp_path: Path) -> None:
+    """`ckptinspect.watch` is what `ckptinspect watch -o jsonl` prints: the same events, the same keys (the CLI adds
+    the envelope and `path`), and `UsageError` at the call for a PATH that is one checkpoint."""
+    import json
+    import shutil
+
+    save = tmp_path / "run"
+    shutil.copytree(SAMPLES / "torch_dist", save)
+    events = [e.to_dict() for e in ckptinspect.watch(save, max_polls=1, interval=0)]
+    r = CliRunner().invoke(app, ["watch", str(save), "--once", "-o", "jsonl"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    drop = {"time"}
+    assert [{k: v for k, v in e.items() if k not in drop} for e in events] == [
+        {k: v for k, v in d.items() if k in events[0] and k not in drop} for d in lines]
+    with pytest.raises(ckptinspect.UsageError):
+        ckptinspect.watch(save / "iter_0000001", max_polls=1)

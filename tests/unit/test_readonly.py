@@ -51,6 +51,7 @@ def _results() -> list[Any]:
         ckptinspect.diff(s / "torch_dist", s / "torch_dist_fully"), ckptinspect.resume(s / "torch_dist", tp=1, pp=1),
         ckptinspect.sniff(s / "nemo2"), ckptinspect.verify_manifest(s / "mcore_0_19_2"),
         ckptinspect.retain(s / "torch_dist", keep_last=1, keep=(1, 9)),
+        *ckptinspect.watch(s / "torch_dist", max_polls=1, interval=0),
     ]
 
 

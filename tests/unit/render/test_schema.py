@@ -20,7 +20,7 @@ from schemas import SCHEMAS, validate_document, validator
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "sample_ckpts"
 COMMANDS = ("sniff", "ls", "info", "audit", "coverage", "diff", "resume", "scan", "manifest verify",
-            "manifest merge", "manifest write", "estimate", "values", "retain")
+            "manifest merge", "manifest write", "estimate", "values", "retain", "watch")
 
 
 def test_one_schema_per_command() -> None:
