@@ -17,7 +17,9 @@ Samples (each written by a real producer, nothing by hand):
     ``--ckpt-format torch`` (legacy ``iter_0000001/mp_rank_00/model_optim_rng.pt`` with mcore
     parameter names). The weights of the legacy ``local`` implementation have no TE fused
     layernorm: the norms are ``input_layernorm.weight`` / ``pre_mlp_layernorm.weight``.
-  * ``llama_gqa_tied_hf/`` + ``llama_gqa_tied_mcore/`` -- the same with ``tie_word_embeddings``.
+  * ``llama_gqa_tied_hf/`` + ``llama_gqa_tied_mcore/`` -- the same with ``tie_word_embeddings`` (no
+    ``lm_head.weight`` in the HF files, no ``output_layer.weight`` in Megatron's), the HF side saved as a
+    sharded set (``max_shard_size="100KB"``: ``model-0000i-of-0000N.safetensors`` + the index).
 
 No Megatron-LM source is copied into this repo. ``--megatron-lm DIR`` is an export of the tag, e.g.
 ``git --git-dir=MIRROR archive core_v0.16.1 | tar x -C DIR``. Megatron's CUDA calls are redirected to
@@ -54,7 +56,11 @@ def write_hf(out: str, *, tied: bool, seed: int) -> None:
             if "norm" in name:
                 p.normal_(1.0, 0.1)
     shutil.rmtree(out, ignore_errors=True)
-    model.save_pretrained(out, safe_serialization=True)
+    # the tied one is written as a sharded set (model-0000i-of-0000N.safetensors + the index)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB" if tied else "5GB")
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(out, extra)):
+            os.remove(os.path.join(out, extra))
     vocab = {f"t{i}": i for i in range(VOCAB - 1)}
     vocab["<unk>"] = VOCAB - 1
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
