@@ -80,6 +80,7 @@ _FAMILY_SUBJECT = {
     "integrity": Subject.FILE, "tracker": Subject.FILE, "safety": Subject.PICKLE, "coverage": Subject.TENSOR,
     "objects": Subject.OBJECT, "args": Subject.ARG, "estimate": Subject.FILE,
     "retain": Subject.FILE, "lineage": Subject.FILE, "safetensors": Subject.FILE, "values": Subject.TENSOR,
+    "conversion": Subject.TENSOR,
 }
 _CODE_SUBJECT = {
     "CK205": Subject.TENSOR, "CK208": Subject.TENSOR,  # a stored item (details: file, offset, length)
