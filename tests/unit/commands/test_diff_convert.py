@@ -278,3 +278,26 @@ def test_fp32_to_bf16_one_ulp_off(untied: Path) -> None:
     r = conv(SRC, untied)
     assert codes(r) == {"CK966"} and r.findings[0].subject == "model.layers.0.mlp.up_proj.weight"
     assert r.findings[0].details["mismatched_elements"] == 1
+
+
+# --- the CLI: exit code and the JSON document against docs/schema/diff.schema.json ----------------------------------
+
+def test_cli_exit_codes_and_schema(untied: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ckptinspect.cli.app import app
+    from schemas import validate_document
+
+    ok = CliRunner().invoke(app, ["diff", str(SRC), str(DATA / "llama_gqa_hf"), "-o", "json"])
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.stdout)
+    validate_document(doc)
+    assert doc["identical"] and doc["conversion"]["counts"] == {"equal": 15}
+    edit(untied, lambda t: t.pop("model.layers.0.mlp.up_proj.weight"))
+    bad = CliRunner().invoke(app, ["diff", str(SRC), str(untied), "-o", "json"])
+    assert bad.exit_code == 1, bad.output
+    doc = json.loads(bad.stdout)
+    validate_document(doc)
+    assert doc["blocking"] and [f["code"] for f in doc["conversion"]["findings"]] == ["CK961"]
+    text = CliRunner().invoke(app, ["diff", str(SRC), str(untied)])
+    assert text.exit_code == 1 and "CK961" in text.stdout
