@@ -21,6 +21,10 @@ Samples (each written by a real producer, nothing by hand):
     ``lm_head.weight`` in the HF files, no ``output_layer.weight`` in Megatron's), the HF side saved as a
     sharded set (``max_shard_size="100KB"``: ``model-0000i-of-0000N.safetensors`` + the index).
 
+  * ``llama_gqa_dist/torch_dist/`` -- ``llama_gqa_mcore`` converted to torch_dist by Megatron-LM's own
+    ``pretrain_gpt.py --load ... --ckpt-format torch --ckpt-convert-format torch_dist`` (one gloo rank, CPU;
+    ``tools/make_mlm_args_sample.py``'s redirections): layers stacked along a leading axis.
+
 No Megatron-LM source is copied into this repo. ``--megatron-lm DIR`` is an export of the tag, e.g.
 ``git --git-dir=MIRROR archive core_v0.16.1 | tar x -C DIR``. Megatron's CUDA calls are redirected to
 the CPU with ``tools/_mcore_cpu.py``'s shims exactly as ``tools/make_mlm_args_sample.py`` does;
@@ -160,6 +164,71 @@ def run_converter(mlm: str, hf_dir: str, out: str) -> None:
     convert.main()
 
 
+def dist_argv(load: str, out: str) -> list[str]:
+    """pretrain_gpt.py's argv for Megatron-LM's own format conversion (``--ckpt-convert-format torch_dist``): load
+    the converter's legacy save, write it again as torch_dist, exit (megatron/training/training.py setup_model_and_
+    optimizer). The model args are the ones the converter's saver recorded (args in model_optim_rng.pt)."""
+    return [
+        "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
+        "--num-query-groups", "2", "--ffn-hidden-size", "128", "--swiglu", "--normalization", "RMSNorm",
+        "--position-embedding-type", "rope", "--no-rope-fusion", "--disable-bias-linear",
+        "--untie-embeddings-and-output-weights", "--seq-length", "32", "--max-position-embeddings", "4096",
+        "--transformer-impl", "local", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+        "--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm",
+        "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
+        "--make-vocab-size-divisible-by", "128", "--micro-batch-size", "1", "--global-batch-size", "1",
+        "--lr", "1e-4", "--train-iters", "1", "--eval-iters", "0",
+        "--load", load, "--ckpt-format", "torch", "--no-load-optim", "--no-load-rng",
+        "--ckpt-convert-format", "torch_dist", "--ckpt-convert-save", out, "--save", out, "--save-interval", "1",
+        "--distributed-backend", "gloo", "--seed", "1",
+    ]
+
+
+def _dist_worker(mlm: str, load: str, out: str) -> None:
+    import functools
+
+    sys.path.insert(0, _TOOLS_DIR)
+    import _mcore_cpu
+
+    _mcore_cpu._quiet()
+    import torch
+
+    torch.set_num_threads(1)
+    _mcore_cpu.install_cuda_shims()
+    _mcore_cpu._seed_dcp_uuids(1, 0)
+    import megatron.core  # noqa: F401
+
+    sys.path.insert(0, os.path.abspath(mlm))
+    from make_mlm_args_sample import _stub_triton_import
+
+    _stub_triton_import()
+    _mcore_cpu._patch_megatron_rng()
+    import megatron.core.datasets.utils as dataset_utils
+    import megatron.legacy.fused_kernels as fused_kernels
+    import megatron.training.training as training
+
+    dataset_utils.compile_helpers = lambda: None
+    fused_kernels.load = lambda args: None
+    training.initialize_megatron = functools.partial(training.initialize_megatron, allow_no_cuda=True)
+    script = os.path.join(os.path.abspath(mlm), "pretrain_gpt.py")
+    sys.argv = [script, *dist_argv(load, out)]
+    with open(script, encoding="utf-8") as f:
+        code = compile(f.read(), script, "exec")
+    exec(code, {"__name__": "__main__", "__file__": script, "__builtins__": __builtins__})
+
+
+def to_torch_dist(mlm: str, load: str, out: str) -> None:
+    """Run `_dist_worker` as one torchrun-like rank."""
+    import subprocess
+
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+               PYTHONWARNINGS="ignore", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--megatron-lm", mlm, "--dist-worker", load, out],
+                   env=env, check=True, timeout=600)
+
+
 def _free_port() -> int:
     import socket
 
@@ -172,7 +241,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--megatron-lm", required=True)
     ap.add_argument("--out", default=_OUT)
+    ap.add_argument("--dist-worker", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--only-torch-dist", action="store_true", help="only redo llama_gqa_dist from llama_gqa_mcore")
     ns = ap.parse_args()
+    if ns.dist_worker:
+        _dist_worker(ns.megatron_lm, *ns.dist_worker)
+        return
+    if ns.only_torch_dist:
+        to_torch_dist(ns.megatron_lm, os.path.join(ns.out, "llama_gqa_mcore"), os.path.join(ns.out, "llama_gqa_dist"))
+        return
     os.makedirs(ns.out, exist_ok=True)
     for name, tied, seed in (("llama_gqa", False, 1), ("llama_gqa_tied", True, 2)):
         hf = os.path.join(ns.out, f"{name}_hf")
@@ -193,6 +270,7 @@ def main() -> None:
         if status:
             raise SystemExit(f"converter failed for {name}: {status}")
         print(json.dumps({"wrote": [hf, os.path.join(ns.out, f"{name}_mcore")]}))
+    to_torch_dist(ns.megatron_lm, os.path.join(ns.out, "llama_gqa_mcore"), os.path.join(ns.out, "llama_gqa_dist"))
 
 
 if __name__ == "__main__":
