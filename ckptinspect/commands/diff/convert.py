@@ -11,8 +11,8 @@ rows wrong (truncated, or padding kept), CK969 values that could not be read. `e
 none of these was found.
 
 Only the Megatron model tensors are mapped: a legacy checkpoint must be one shard dir (TP = PP = 1; its keys lose the
-``model.`` prefix), a global one (torch_dist / DCP) gives its model keys (``optimizer.*`` left out) with the layer
-number in the key.
+``model.`` prefix); a global one (torch_dist / DCP) gives its model keys (``optimizer.*`` left out), a stacked
+``decoder.layers.<name>`` tensor (layers along axis 0, Megatron-Core's sharded_state_dict) one `Part` per layer.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptinspect.commands.diff.convert_values import Mode, Tally, compare_blocks, mode_of
+from ckptinspect.commands.diff.convert_values import Mode, Part, Tally, compare_blocks, mode_of
 from ckptinspect.commands.diff.mappings import Pick, Rule, Transform, blocks, pick, target_rows
 from ckptinspect.errors import ReadError
 from ckptinspect.findings import Finding
 from ckptinspect.io import location
 from ckptinspect.io.local import read_small
-from ckptinspect.model import Checkpoint, Format, Tensor
+from ckptinspect.model import Checkpoint, Format
 from ckptinspect.services.chunk_bytes import ChunkSource
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -104,13 +104,24 @@ def _config(hf: Checkpoint) -> dict[str, Any] | None:
     return None
 
 
-def _megatron_params(m: Checkpoint) -> tuple[dict[str, Tensor], str | None]:
+def _megatron_params(m: Checkpoint) -> tuple[dict[str, Part], str | None]:
     if m.format is Format.TORCH:
         shards = {t.shard for t in m.tensors}
         if len(shards) > 1:
             return {}, f"legacy checkpoint with {len(shards)} shard dirs (TP or PP > 1): not mapped"
-        return {t.key[len("model."):]: t for t in m.tensors if t.key.startswith("model.")}, None
-    return {t.key: t for t in m.tensors if not t.key.startswith("optimizer.")}, None
+        return {t.key[len("model."):]: Part(t) for t in m.tensors if t.key.startswith("model.")}, None
+    out: dict[str, Part] = {}
+    for t in m.tensors:
+        if t.key.startswith("optimizer."):
+            continue
+        head, _, rest = t.key.partition("decoder.layers.")
+        if rest and not rest.split(".")[0].isdigit() and t.shape:
+            # Megatron-Core's sharded_state_dict stacks the layers of a block along a leading axis
+            for layer in range(t.shape[0]):
+                out[f"{head}decoder.layers.{layer}.{rest}"] = Part(t, layer)
+        else:
+            out[t.key] = Part(t)
+    return out, None
 
 
 def _not_loadable(hf: Checkpoint) -> dict[str, str]:
@@ -154,7 +165,7 @@ def compare_conversion(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol:
         run.add("CK960", m.path, "no mapping for this pair: " + "; ".join(chosen.evidence), evidence=chosen.evidence)
         return ConversionReport(direction, None, chosen.evidence, (), (), tuple(sorted(params)), tuple(run.findings))
     table, geo = chosen.table, chosen.geometry
-    hf_t = {t.key: t for t in hf.tensors}
+    hf_t = {t.key: Part(t) for t in hf.tensors}
     blocked = _not_loadable(hf)
     export_dtype = str((config or {}).get("dtype") or (config or {}).get("torch_dtype") or
                        Counter(t.dtype for t in hf.tensors).most_common(1)[0][0] if hf.tensors else "")
@@ -186,8 +197,8 @@ def compare_conversion(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol:
                             tuple(run.findings))
 
 
-def _param(run: _Run, key: str, st: Tensor, rule: Rule, targets: tuple[str, ...], geo: Any,
-           hf_t: Mapping[str, Tensor], blocked: Mapping[str, str], claimed: dict[str, str], export_dtype: str,
+def _param(run: _Run, key: str, st: Part, rule: Rule, targets: tuple[str, ...], geo: Any,
+           hf_t: Mapping[str, Part], blocked: Mapping[str, str], claimed: dict[str, str], export_dtype: str,
            s_src: ChunkSource, t_src: ChunkSource) -> Param:
     base = dict(source=key, targets=targets, transform=rule.transform.value, source_dtype=st.dtype)
     for t in targets:
@@ -240,8 +251,8 @@ def _param(run: _Run, key: str, st: Tensor, rule: Rule, targets: tuple[str, ...]
                  compared_elements=compared, mismatched_elements=mism, padding_rows=pad)
 
 
-def _values(run: _Run, key: str, st: Tensor, s_src: ChunkSource, targets: tuple[str, ...],
-            hf_t: Mapping[str, Tensor], t_src: ChunkSource, transform: Transform, geo: Any,
+def _values(run: _Run, key: str, st: Part, s_src: ChunkSource, targets: tuple[str, ...],
+            hf_t: Mapping[str, Part], t_src: ChunkSource, transform: Transform, geo: Any,
             mode: Mode) -> list[Tally] | None:
     rows = st.shape[0] if st.shape else 1
     per_target = blocks(transform, geo, len(targets), rows)
@@ -262,8 +273,8 @@ def _values(run: _Run, key: str, st: Tensor, s_src: ChunkSource, targets: tuple[
     return tallies
 
 
-def _tied(run: _Run, geo: Any, config: Mapping[str, Any] | None, params: Mapping[str, Tensor],
-          hf_t: Mapping[str, Tensor], blocked: Mapping[str, str], claimed: dict[str, str], out: list[Param],
+def _tied(run: _Run, geo: Any, config: Mapping[str, Any] | None, params: Mapping[str, Part],
+          hf_t: Mapping[str, Part], blocked: Mapping[str, str], claimed: dict[str, str], out: list[Param],
           s_src: ChunkSource, t_src: ChunkSource, export_dtype: str) -> None:
     """Tied embeddings: a tied source has no output_layer; its export must tie too, or hold an lm_head equal to the
     embedding. An untied source's export must not declare the tie (transformers would drop its lm_head)."""

@@ -55,25 +55,52 @@ class Tally:
     target_value: Any = None
 
 
-def read_rows(t: Tensor, src: ChunkSource, lo: int, hi: int) -> npt.NDArray[Any]:
-    """Rows [lo, hi) of `t` (axis 0; a 0-d tensor is one row), in its stored numpy dtype (bfloat16 as uint16),
-    assembled from the chunks that overlap them. Raises `ReadError` when part of the rows has no chunk."""
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A parameter as the mapping sees it: a whole tensor, or layer `layer` of a torch_dist tensor whose layers are
+    stacked along a leading axis (``decoder.layers.self_attention.linear_qkv.weight`` of shape (L, ...))."""
+
+    tensor: Tensor
+    layer: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape) if self.layer is None else tuple(self.tensor.shape[1:])
+
+    @property
+    def dtype(self) -> str:
+        return self.tensor.dtype
+
+    @property
+    def key(self) -> str:
+        return self.tensor.key if self.layer is None else f"{self.tensor.key}[{self.layer}]"
+
+
+def read_rows(p: Part, src: ChunkSource, lo: int, hi: int) -> npt.NDArray[Any]:
+    """Rows [lo, hi) of `p` (axis 0 of the part; a 0-d tensor is one row), in its stored numpy dtype (bfloat16 as
+    uint16), assembled from the chunks that overlap them. Raises `ReadError` when part of the rows has no chunk."""
+    t, lead = p.tensor, (0 if p.layer is None else 1)
     code = NUMPY_CODES.get(t.dtype)
     if code is None:
         raise ReadError(f"{t.key}: dtype {t.dtype} not compared")
     if not t.shape:
         return np.asarray(open_chunk(src, next(iter(t.chunks)), t.dtype)).reshape(1)
-    out = np.empty((hi - lo, *t.shape[1:]), dtype=np.dtype("<" + code[0]))
+    out = np.empty((hi - lo, *p.shape[1:]), dtype=np.dtype("<" + code[0]))
     covered = 0
     for c in t.chunks:
-        c_lo, c_hi = c.offsets[0], c.offsets[0] + c.sizes[0]
+        if p.layer is not None and not c.offsets[0] <= p.layer < c.offsets[0] + c.sizes[0]:
+            continue
+        off, size = c.offsets[lead:], c.sizes[lead:]
+        c_lo, c_hi = off[0], off[0] + size[0]
         a, b = max(lo, c_lo), min(hi, c_hi)
         if a >= b:
             continue
         arr = open_chunk(src, c, t.dtype)
-        rest = tuple(slice(o, o + s) for o, s in zip(c.offsets[1:], c.sizes[1:]))
+        if p.layer is not None:
+            arr = arr[p.layer - c.offsets[0]]
+        rest = tuple(slice(o, o + s) for o, s in zip(off[1:], size[1:]))
         out[(slice(a - lo, b - lo), *rest)] = arr[a - c_lo:b - c_lo]
-        covered += (b - a) * math.prod(c.sizes[1:])
+        covered += (b - a) * math.prod(size[1:])
         del arr
     if covered != out.size:
         raise ReadError(f"{t.key}: rows [{lo}, {hi}) not covered by its chunks ({covered} of {out.size} elements)")
@@ -135,7 +162,7 @@ def _scalar(v: Any) -> Any:
     return str(out) if isinstance(out, float) and not math.isfinite(out) else out
 
 
-def compare_blocks(st: Tensor, s_src: ChunkSource, tt: Tensor, t_src: ChunkSource,
+def compare_blocks(st: Part, s_src: ChunkSource, tt: Part, t_src: ChunkSource,
                    blocks: list[tuple[int, int, int]], mode: Mode, atol: float, rtol: float) -> Tally:
     """Compare target `tt` with the source row blocks it is made of, a slab of rows at a time."""
     tally = Tally()

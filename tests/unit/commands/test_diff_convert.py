@@ -122,6 +122,29 @@ def test_reverse_direction_and_the_diff_result() -> None:
     assert d["equal"] and d["counts"] == {"equal": 15} and d["unmapped"] == [] and d["extra"] == []
 
 
+def test_torch_dist_source_with_stacked_layers_and_te_norm_names() -> None:
+    # Megatron-LM's --ckpt-convert-format torch_dist of the converter's save: layers stacked along axis 0, the norms
+    # under TE's fused names (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight)
+    dist = DATA / "llama_gqa_dist" / "torch_dist"
+    keys = {t.key for t in _read(dist).tensors}
+    assert "decoder.layers.self_attention.linear_qkv.layer_norm_weight" in keys
+    r = conv(dist, DATA / "llama_gqa_hf")
+    assert r.equal, r.findings
+    assert "decoder.layers.1.mlp.linear_fc1.layer_norm_weight" in {p.source for p in r.params}
+    assert sum(p.compared_elements for p in r.params) == sum(t.numel for t in _read(DATA / "llama_gqa_hf").tensors)
+
+
+def test_torch_dist_source_catches_a_swapped_layer(untied: Path) -> None:
+    def swap(t: dict[str, Any]) -> None:
+        a, b = "model.layers.0.input_layernorm.weight", "model.layers.1.input_layernorm.weight"
+        t[a], t[b] = t[b], t[a]
+    edit(untied, swap)
+    r = conv(DATA / "llama_gqa_dist" / "torch_dist", untied)
+    assert codes(r) == {"CK966"} and {f.details["source"] for f in r.findings} == {
+        "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+        "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight"}
+
+
 def test_tied_lm_head_present_and_equal_is_accepted(tied: Path) -> None:
     emb = next(f for f in tied.glob("model-*.safetensors") if "model.embed_tokens.weight" in load_st(f))
     edit(tied, lambda t: t.__setitem__("lm_head.weight", t["model.embed_tokens.weight"]), emb.name)
