@@ -153,19 +153,22 @@ class _Run:
         self.findings.append(Finding(code, message, subject, self.label, details))
 
 
-def compare_conversion(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0) -> ConversionReport:
-    """Prove the Hugging Face side of (a, b) the same model as the Megatron side, parameter by parameter."""
+def compare_conversion(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol: float = 0.0,
+                       ignore: tuple[str, ...] = ()) -> ConversionReport:
+    """Prove the Hugging Face side of (a, b) the same model as the Megatron side, parameter by parameter.
+    `ignore`: key globs (`--ignore`) left out on both sides (Megatron keys as mapped, without ``model.``)."""
     hf, m = (b, a) if b.format is Format.SAFETENSORS else (a, b)
     direction = "megatron_to_hf" if m is a else "hf_to_megatron"
     run = _Run(hf.path, atol, rtol)
     params, why = _megatron_params(m)
+    params = {k: v for k, v in params.items() if not any(fnmatch.fnmatchcase(k, g) for g in ignore)}
     config = _config(hf)
     chosen: Pick = pick(m.args, config) if why is None else Pick(None, None, (why,))
     if chosen.table is None or chosen.geometry is None:
         run.add("CK960", m.path, "no mapping for this pair: " + "; ".join(chosen.evidence), evidence=chosen.evidence)
         return ConversionReport(direction, None, chosen.evidence, (), (), tuple(sorted(params)), tuple(run.findings))
     table, geo = chosen.table, chosen.geometry
-    hf_t = {t.key: Part(t) for t in hf.tensors}
+    hf_t = {t.key: Part(t) for t in hf.tensors if not any(fnmatch.fnmatchcase(t.key, g) for g in ignore)}
     blocked = _not_loadable(hf)
     export_dtype = str((config or {}).get("dtype") or (config or {}).get("torch_dtype") or
                        Counter(t.dtype for t in hf.tensors).most_common(1)[0][0] if hf.tensors else "")

@@ -295,7 +295,7 @@ def diff_checkpoints(
             codes = sorted({f.code for f in c.findings if f.severity.value == "error"})
             notes.append(f"{side} was read with errors ({', '.join(codes)}): the comparison may be partial")
     if is_conversion(a, b):
-        conv = compare_conversion(a, b, atol=tolerance.atol, rtol=tolerance.rtol)
+        conv = compare_conversion(a, b, atol=tolerance.atol, rtol=tolerance.rtol, ignore=tolerance.ignore)
         notes.append(f"conversion diff ({conv.direction}): every Megatron parameter mapped to the Hugging Face "
                      "export and compared value by value (always, with or without --values)")
         return DiffResult(_side(a), _side(b), (), (), KeyDiff(False), KeyDiff(False), None, tuple(notes), conv)

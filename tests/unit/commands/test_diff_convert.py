@@ -163,6 +163,12 @@ def test_a_layer_tensor_missing(untied: Path) -> None:
     assert [f.subject for f in r.findings] == ["decoder.layers.1.mlp.linear_fc2.weight"]
 
 
+def test_ignore_leaves_keys_out_on_both_sides(untied: Path) -> None:
+    edit(untied, lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
+    r = compare_conversion(_read(SRC), _read(untied), ignore=("decoder.layers.1.mlp.linear_fc2.weight",))
+    assert r.equal and len(r.params) == 14
+
+
 def test_renamed_keys(untied: Path) -> None:
     def rename(t: dict[str, Any]) -> None:
         for k in [k for k in t if ".self_attn." in k and k.startswith("model.layers.0.")]:
