@@ -19,7 +19,9 @@ Samples (each written by a real producer, nothing by hand):
     layernorm: the norms are ``input_layernorm.weight`` / ``pre_mlp_layernorm.weight``.
   * ``llama_gqa_tied_hf/`` + ``llama_gqa_tied_mcore/`` -- the same with ``tie_word_embeddings`` (no
     ``lm_head.weight`` in the HF files, no ``output_layer.weight`` in Megatron's), the HF side saved as a
-    sharded set (``max_shard_size="100KB"``: ``model-0000i-of-0000N.safetensors`` + the index).
+    sharded set (``max_shard_size="100KB"``: ``model-0000i-of-0000N.safetensors`` + the index), and imported
+    with the loader's ``--bf16``: transformers loads the fp32 export as bf16 and the saver writes bf16, so the
+    Megatron side is the nearest-even rounding of the HF side (a narrowing import).
 
   * ``llama_gqa_dist/torch_dist/`` -- ``llama_gqa_mcore`` converted to torch_dist by Megatron-LM's own
     ``pretrain_gpt.py --load ... --ckpt-format torch --ckpt-convert-format torch_dist`` (one gloo rank, CPU;
@@ -73,7 +75,7 @@ def write_hf(out: str, *, tied: bool, seed: int) -> None:
     fast.save_pretrained(out)
 
 
-def run_converter(mlm: str, hf_dir: str, out: str) -> None:
+def run_converter(mlm: str, hf_dir: str, out: str, bf16: bool = False) -> None:
     sys.path.insert(0, _TOOLS_DIR)
     import _mcore_cpu
 
@@ -158,7 +160,7 @@ def run_converter(mlm: str, hf_dir: str, out: str) -> None:
                 "--save-dir", out, "--tokenizer-model", hf_dir,
                 "--make-vocab-size-divisible-by", "128", "--saver-transformer-impl", "local",
                 "--loader-transformer-impl", "local", "--target-tensor-parallel-size", "1",
-                "--target-pipeline-parallel-size", "1", "--megatron-path", mlm]
+                "--target-pipeline-parallel-size", "1", "--megatron-path", mlm, *(["--bf16"] if bf16 else [])]
     import convert
 
     convert.main()
@@ -258,7 +260,7 @@ def main() -> None:
         if pid == 0:  # one converter run per process: Megatron's globals are set once
             code = 1
             try:
-                run_converter(ns.megatron_lm, hf, os.path.join(ns.out, f"{name}_mcore"))
+                run_converter(ns.megatron_lm, hf, os.path.join(ns.out, f"{name}_mcore"), bf16=tied)
                 code = 0
             except BaseException:
                 import traceback

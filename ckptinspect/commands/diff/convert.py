@@ -144,8 +144,9 @@ def _src(c: Checkpoint) -> ChunkSource:
 
 
 class _Run:
-    def __init__(self, label: str, atol: float, rtol: float) -> None:
+    def __init__(self, label: str, atol: float, rtol: float, reverse: bool = False) -> None:
         self.label = label
+        self.reverse = reverse  # hf_to_megatron: the HF side is the original, the Megatron side what was made
         self.atol, self.rtol = atol, rtol
         self.findings: list[Finding] = []
 
@@ -159,7 +160,7 @@ def compare_conversion(a: Checkpoint, b: Checkpoint, *, atol: float = 0.0, rtol:
     `ignore`: key globs (`--ignore`) left out on both sides (Megatron keys as mapped, without ``model.``)."""
     hf, m = (b, a) if b.format is Format.SAFETENSORS else (a, b)
     direction = "megatron_to_hf" if m is a else "hf_to_megatron"
-    run = _Run(hf.path, atol, rtol)
+    run = _Run(hf.path, atol, rtol, reverse=direction == "hf_to_megatron")
     params, why = _megatron_params(m)
     params = {k: v for k, v in params.items() if not any(fnmatch.fnmatchcase(k, g) for g in ignore)}
     config = _config(hf)
@@ -241,7 +242,7 @@ def _param(run: _Run, key: str, st: Part, rule: Rule, targets: tuple[str, ...], 
         if export_dtype and dt != export_dtype:
             run.add("CK965", t, f"{t}: dtype {dt}, not the export's {export_dtype} (source {key}: {st.dtype})",
                     dtype=dt, export_dtype=export_dtype, source_dtype=st.dtype)
-    mode = mode_of(st.dtype, dtypes[0], bool(run.atol or run.rtol))
+    mode = _mode(run, st.dtype, dtypes[0])
     tallies = _values(run, key, st, s_src, targets, hf_t, t_src, rule.transform, geo, mode)
     if tallies is None:
         return Param(**base, status="unreadable", mode=mode.value, target_dtypes=dtypes)  # type: ignore[arg-type]
@@ -254,6 +255,14 @@ def _param(run: _Run, key: str, st: Part, rule: Rule, targets: tuple[str, ...], 
                  compared_elements=compared, mismatched_elements=mism, padding_rows=pad)
 
 
+def _mode(run: _Run, megatron_dtype: str, hf_dtype: str) -> Mode:
+    """From the original's dtype to the converted side's: Megatron -> HF for an export, HF -> Megatron for an
+    import (an fp32 HF model imported as bf16 must be its rounding)."""
+    tolerant = bool(run.atol or run.rtol)
+    return (mode_of(hf_dtype, megatron_dtype, tolerant) if run.reverse
+            else mode_of(megatron_dtype, hf_dtype, tolerant))
+
+
 def _values(run: _Run, key: str, st: Part, s_src: ChunkSource, targets: tuple[str, ...],
             hf_t: Mapping[str, Part], t_src: ChunkSource, transform: Transform, geo: Any,
             mode: Mode) -> list[Tally] | None:
@@ -262,7 +271,7 @@ def _values(run: _Run, key: str, st: Part, s_src: ChunkSource, targets: tuple[st
     tallies: list[Tally] = []
     for t, blk in zip(targets, per_target):
         try:
-            tally = compare_blocks(st, s_src, hf_t[t], t_src, blk, mode, run.atol, run.rtol)
+            tally = compare_blocks(st, s_src, hf_t[t], t_src, blk, mode, run.atol, run.rtol, run.reverse)
         except (ReadError, OSError, ValueError) as e:
             run.add("CK969", t, f"{t}: values not read ({e})", source=key)
             return None
@@ -301,7 +310,7 @@ def _tied(run: _Run, geo: Any, config: Mapping[str, Any] | None, params: Mapping
         if t.shape != want:
             run.add("CK967", _LM_HEAD, f"lm_head.weight {list(t.shape)}: the tied embedding gives {list(want)}")
             return
-        mode = mode_of(emb.dtype, t.dtype, bool(run.atol or run.rtol))
+        mode = _mode(run, emb.dtype, t.dtype)
         tallies = _values(run, "embedding.word_embeddings.weight", emb, s_src, (_LM_HEAD,), hf_t, t_src,
                           Transform.VOCAB_PAD, geo, mode)
         if tallies is not None and tallies[0].mismatched:

@@ -131,19 +131,22 @@ def expected(x: npt.NDArray[Any], src: str, tgt: str, mode: Mode) -> npt.NDArray
 
 
 def compare(s: npt.NDArray[Any], src: str, t: npt.NDArray[Any], tgt: str, mode: Mode, atol: float, rtol: float,
-            row0: int, tally: Tally) -> None:
-    """Compare source rows `s` with target rows `t` (same shape; `row0`: the first target row)."""
+            row0: int, tally: Tally, reverse: bool = False) -> None:
+    """Compare source rows `s` with target rows `t` (same shape; `row0`: the first target row). `reverse`: the
+    target is the original and the source what the converter made of it (an HF -> Megatron import): `mode` is
+    from the target's dtype to the source's, and the source must be the expected encoding of the target."""
     if s.shape != t.shape:
         raise ReadError(f"blocks of {s.shape} and {t.shape}")
+    orig, made, o_dt, m_dt = (t, s, tgt, src) if reverse else (s, t, src, tgt)
     with np.errstate(invalid="ignore", over="ignore"):
         if mode is Mode.TOLERANCE:
             fs, ft = _as_float(s, src).astype(np.float64), _as_float(t, tgt).astype(np.float64)
             same = (np.abs(fs - ft) <= atol + rtol * np.abs(ft)) | (np.isnan(fs) & np.isnan(ft)) | (fs == ft)
         else:
-            e = expected(s, src, tgt, mode)
-            same = _bits(e) == _bits(t)
-            if e.dtype.kind == "f" or tgt == "bfloat16":
-                same |= np.isnan(_as_float(e, tgt)) & np.isnan(_as_float(t, tgt))
+            e = expected(orig, o_dt, m_dt, mode)
+            same = _bits(e) == _bits(made)
+            if e.dtype.kind == "f" or m_dt == "bfloat16":
+                same |= np.isnan(_as_float(e, m_dt)) & np.isnan(_as_float(made, m_dt))
     tally.compared += int(same.size)
     bad = ~same
     n = int(np.count_nonzero(bad))
@@ -163,7 +166,8 @@ def _scalar(v: Any) -> Any:
 
 
 def compare_blocks(st: Part, s_src: ChunkSource, tt: Part, t_src: ChunkSource,
-                   blocks: list[tuple[int, int, int]], mode: Mode, atol: float, rtol: float) -> Tally:
+                   blocks: list[tuple[int, int, int]], mode: Mode, atol: float, rtol: float,
+                   reverse: bool = False) -> Tally:
     """Compare target `tt` with the source row blocks it is made of, a slab of rows at a time."""
     tally = Tally()
     row = max(1, math.prod(st.shape[1:]))
@@ -173,5 +177,5 @@ def compare_blocks(st: Part, s_src: ChunkSource, tt: Part, t_src: ChunkSource,
             b = min(stop, a + step)
             s = read_rows(st, s_src, a, b)
             t = read_rows(tt, t_src, t_start + a - start, t_start + b - start)
-            compare(s, st.dtype, t, tt.dtype, mode, atol, rtol, t_start + a - start, tally)
+            compare(s, st.dtype, t, tt.dtype, mode, atol, rtol, t_start + a - start, tally, reverse)
     return tally

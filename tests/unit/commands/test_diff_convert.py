@@ -107,11 +107,25 @@ def test_real_import_is_equal_with_every_parameter_accounted_for() -> None:
     assert sum(p.compared_elements for p in r.params) == sum(t.numel for t in _read(DATA / "llama_gqa_hf").tensors)
 
 
-def test_real_tied_sharded_import_is_equal() -> None:
-    r = conv(SRC_TIED, DATA / "llama_gqa_tied_hf")
+def imported(hf: Path) -> Any:
+    """The tied pair in its real direction: the fp32 HF model imported as bf16 (`--bf16`)."""
+    return compare_conversion(_read(hf), _read(SRC_TIED))
+
+
+def test_real_tied_sharded_bf16_import_is_exact_rounding() -> None:
+    r = imported(DATA / "llama_gqa_tied_hf")
     assert r.equal, r.findings
+    assert r.direction == "hf_to_megatron" and {p.mode for p in r.params} == {"rounding"}
+    assert {p.source_dtype for p in r.params} == {"bfloat16"} and {d for p in r.params for d in p.target_dtypes} == {
+        "float32"}
     assert "output_layer.weight" not in {p.source for p in r.params}
     assert len(list((DATA / "llama_gqa_tied_hf").glob("model-*.safetensors"))) > 1
+
+
+def test_the_bf16_import_read_as_an_export_is_not_equal() -> None:
+    # as an export (Megatron bf16 -> HF fp32) the HF values would have to be exact widenings: they are not
+    r = conv(SRC_TIED, DATA / "llama_gqa_tied_hf")
+    assert r.direction == "megatron_to_hf" and not r.equal and codes(r) == {"CK966"}
 
 
 def test_reverse_direction_and_the_diff_result() -> None:
@@ -151,7 +165,7 @@ def test_tied_lm_head_present_and_equal_is_accepted(tied: Path) -> None:
     index = json.loads((tied / "model.safetensors.index.json").read_text())
     index["weight_map"]["lm_head.weight"] = emb.name
     (tied / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert conv(SRC_TIED, tied).equal
+    assert imported(tied).equal
 
 
 # --- negative cases from the real exports --------------------------------------------------------------------------
@@ -221,7 +235,7 @@ def test_tied_embedding_dropped(tied: Path) -> None:
     cfg = json.loads((tied / "config.json").read_text())
     cfg["tie_word_embeddings"] = False
     (tied / "config.json").write_text(json.dumps(cfg))
-    r = conv(SRC_TIED, tied)
+    r = imported(tied)
     assert not r.equal and codes(r) == {"CK967"}
 
 
@@ -246,14 +260,14 @@ def test_shard_missing_from_the_index(tied: Path) -> None:
     dropped = "model-00002-of-00004.safetensors"
     index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != dropped}
     (tied / "model.safetensors.index.json").write_text(json.dumps(index))
-    r = conv(SRC_TIED, tied)
+    r = imported(tied)
     assert not r.equal and codes(r) == {"CK961"}
     assert all("not in model.safetensors.index.json" in f.message for f in r.findings)
 
 
 def test_shard_file_deleted(tied: Path) -> None:
     (tied / "model-00003-of-00004.safetensors").unlink()
-    r = conv(SRC_TIED, tied)
+    r = imported(tied)
     assert not r.equal and "CK961" in codes(r)
 
 
@@ -330,3 +344,14 @@ def test_cli_exit_codes_and_schema(untied: Path) -> None:
     assert doc["blocking"] and [f["code"] for f in doc["conversion"]["findings"]] == ["CK961"]
     text = CliRunner().invoke(app, ["diff", str(SRC), str(untied)])
     assert text.exit_code == 1 and "CK961" in text.stdout
+
+
+def test_conversion_diff_never_imports_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from ckptinspect.commands.diff.diff import diff_paths; "
+            f"r = diff_paths(Path({str(DATA / 'llama_gqa_dist' / 'torch_dist')!r}), Path({str(DATA / 'llama_gqa_hf')!r})); "
+            "assert r.identical; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
