@@ -344,6 +344,8 @@ def test_cli_exit_codes_and_schema(untied: Path) -> None:
     assert doc["blocking"] and [f["code"] for f in doc["conversion"]["findings"]] == ["CK961"]
     text = CliRunner().invoke(app, ["diff", str(SRC), str(untied)])
     assert text.exit_code == 1 and "CK961" in text.stdout
+    html = CliRunner().invoke(app, ["diff", str(SRC), str(untied), "-o", "html"])
+    assert html.exit_code == 1 and "conversion CK961" in html.stdout and 'data-verdict="blocking"' in html.stdout
 
 
 def test_conversion_diff_never_imports_torch() -> None:
