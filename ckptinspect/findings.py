@@ -204,6 +204,17 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK908", "warning", None, "values", "values of a tensor not read (a chunk could not be read or decoded here)"),
         _c("CK909", "info", None, "values", "values of a dtype that is not decoded (not scanned)"),
         _c("CK911", "error", "corrupt", "values", "a bf16/fp16 model weight is not the rounding of its fp32 main param"),
+        _c("CK960", "error", None, "conversion", "conversion diff: no mapping for the architecture or a parameter"),
+        _c("CK961", "error", None, "conversion", "conversion diff: a source parameter's target is missing from the "
+           "export (or not loadable)"),
+        _c("CK962", "error", None, "conversion", "conversion diff: an export tensor no source parameter maps to"),
+        _c("CK963", "error", None, "conversion", "conversion diff: a target claimed by two source parameters"),
+        _c("CK964", "error", None, "conversion", "conversion diff: a shape that is not the transform's"),
+        _c("CK965", "error", None, "conversion", "conversion diff: a tensor whose dtype is not the export's"),
+        _c("CK966", "error", None, "conversion", "conversion diff: values differ after the transform"),
+        _c("CK967", "error", None, "conversion", "conversion diff: tied input/output embeddings broken"),
+        _c("CK968", "error", None, "conversion", "conversion diff: vocabulary rows truncated or padding kept"),
+        _c("CK969", "error", None, "conversion", "conversion diff: values of a mapped pair could not be read"),
         _c("CK910", "error", "corrupt", "values", "a parameter without the optimizer state the checkpoint's optimizer "
            "format holds for its other parameters"),
     )

@@ -3,6 +3,8 @@ objects, values and notes. Returns renderables; nothing here prints."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +20,9 @@ from ckptinspect.commands.diff.diff import Change, DiffResult, KeyDiff, What
 def render_diff(r: DiffResult, max_rows: int = 200) -> RenderableType:
     """The whole diff: a verdict panel, then one table per non-empty section."""
     parts: list[RenderableType] = [_verdict(r)]
-    if r.blocking:
+    if r.conversion is not None:
+        parts.append(_conversion(r, max_rows))
+    elif r.blocking:
         parts.append(_blocking_table(r, max_rows))
     rest = [d for d in r.args if not d.blocking]
     if rest:
@@ -57,13 +61,31 @@ def _verdict(r: DiffResult) -> RenderableType:
         word = Text("blocking differences", style="bold red")
     else:
         word = Text("differences, none blocking", style="bold yellow")
-    head = Text.assemble(("diff: ", "bold"), word,
-                         "" if r.tensors.comparable else ("   (tensors not compared, see notes)", "yellow"))
+    head = Text.assemble(("diff: ", "bold"), word, "   (conversion: Megatron vs Hugging Face export)"
+                         if r.conversion is not None else "" if r.tensors.comparable else ("   (tensors not compared, see notes)", "yellow"))
     sides = Table(show_header=False, box=None, padding=(0, 1))
     for name, s in (("A", r.a), ("B", r.b)):
         sides.add_row(name, s.path, s.format.value if s.format else "unrecognized", s.generation or "-",
                       f"iteration {s.iteration}" if s.iteration is not None else "-")
     return Panel(Group(head, sides), expand=False)
+
+
+def _conversion(r: DiffResult, max_rows: int) -> RenderableType:
+    c = r.conversion
+    assert c is not None  # called only for a conversion diff
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(Counter(p.status for p in c.params).items()))
+    head = Text(f"conversion {c.direction}: architecture {c.architecture or 'unmapped'}; {len(c.params)} "
+                f"parameter(s) mapped ({counts or 'none'}), {len(c.extra)} extra, {len(c.unmapped)} unmapped",
+                style="bold")
+    evidence = [Text(f"  evidence: {e}") for e in c.evidence]
+    if not c.findings:
+        return Group(head, *evidence)
+    t = Table(title="conversion findings")
+    for col in ("code", "subject", "message"):
+        t.add_column(col, overflow="fold")
+    for f in c.findings[:max_rows]:
+        t.add_row(f.code, f.subject or "", f.message)
+    return Group(head, *evidence, t)
 
 
 def _blocking_table(r: DiffResult, max_rows: int) -> RenderableType:

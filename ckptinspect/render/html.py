@@ -225,6 +225,9 @@ def _diff_rows(r: DiffResult) -> Iterator[Row]:
     if r.values is not None:
         for key, why in r.values.skipped:
             yield _row(False, "values skipped", key, "", "", why)
+    if r.conversion is not None:  # a conversion diff: each finding is blocking (the export is not proven equal)
+        for f in r.conversion.findings:
+            yield _row(True, f"conversion {f.code}", f.subject or "", "", "", f.message)
 
 
 def _arg_row(kind: str, d: ArgDiff) -> Row:

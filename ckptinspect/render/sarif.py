@@ -81,6 +81,7 @@ _FAMILY_SUBJECT = {
     "objects": Subject.OBJECT, "args": Subject.ARG, "estimate": Subject.FILE,
     "retain": Subject.FILE, "lineage": Subject.FILE, "safetensors": Subject.FILE, "values": Subject.TENSOR,
     "watch": Subject.FILE,
+    "conversion": Subject.TENSOR,
 }
 _CODE_SUBJECT = {
     "CK205": Subject.TENSOR, "CK208": Subject.TENSOR,  # a stored item (details: file, offset, length)

@@ -33,6 +33,7 @@ from ckptinspect.commands.diff.args import ArgDiff, categorize, diff_args, diff_
 from ckptinspect.commands.diff import optim
 from ckptinspect.commands.diff.optim import OptimSummary
 from ckptinspect.commands.diff.reformulated import compare_logical, reformulated
+from ckptinspect.commands.diff.convert import ConversionReport, compare_conversion, is_conversion
 from ckptinspect.io import location
 from ckptinspect.progress import ProgressHook  # progress(advance, total, description): bytes of A's chunks
 
@@ -231,6 +232,7 @@ class DiffResult:
     objects: KeyDiff
     values: ValuesReport | None
     notes: tuple[str, ...]
+    conversion: ConversionReport | None = None  # a Megatron checkpoint vs its Hugging Face export (convert.py)
 
     @property
     def blocking(self) -> bool:
@@ -239,10 +241,12 @@ class DiffResult:
         t = self.tensors
         return (any(d.blocking for d in self.args) or any(c.blocking for c in t.changed)
                 or bool(t.only_in_a or t.only_in_b) or self.a.format is None or self.b.format is None
-                or self.a.unread or self.b.unread)
+                or self.a.unread or self.b.unread or (self.conversion is not None and not self.conversion.equal))
 
     @property
     def identical(self) -> bool:
+        if self.conversion is not None:  # the same model, proven parameter by parameter (args differ by nature)
+            return self.conversion.equal and not self.a.unread and not self.b.unread
         return (not self.args and not self.meta and self.tensors.comparable and self.tensors.empty
                 and self.objects.empty and self.a.has_args == self.b.has_args and not self.blocking)
 
@@ -252,6 +256,7 @@ class DiffResult:
             "args": [d.to_dict() for d in self.args], "checkpoint": [d.to_dict() for d in self.meta],
             "tensors": self.tensors.to_dict(), "objects": self.objects.to_dict(),
             "values": self.values.to_dict() if self.values is not None else None, "notes": list(self.notes),
+            "conversion": self.conversion.to_dict() if self.conversion is not None else None,
         }
 
 
@@ -289,6 +294,11 @@ def diff_checkpoints(
         elif any(f.severity.value == "error" for f in c.findings):
             codes = sorted({f.code for f in c.findings if f.severity.value == "error"})
             notes.append(f"{side} was read with errors ({', '.join(codes)}): the comparison may be partial")
+    if is_conversion(a, b):
+        conv = compare_conversion(a, b, atol=tolerance.atol, rtol=tolerance.rtol, ignore=tolerance.ignore)
+        notes.append(f"conversion diff ({conv.direction}): every Megatron parameter mapped to the Hugging Face "
+                     "export and compared value by value (always, with or without --values)")
+        return DiffResult(_side(a), _side(b), (), (), KeyDiff(False), KeyDiff(False), None, tuple(notes), conv)
     both_legacy = a.format is Format.TORCH and b.format is Format.TORCH
     args = diff_args(a.args, b.args, both_legacy) if a.args is not None and b.args is not None else ()
     names_a, names_b = tolerance.kept(_names(a)), tolerance.kept(_names(b))
