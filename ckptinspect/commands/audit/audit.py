@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ckptinspect.commands.audit.lineage import Lineage, lineage_of, stale_saves
+from ckptinspect.commands.audit.lineage import Lineage, Step, lineage_of, stale_save, step_findings, step_of
 from ckptinspect.commands.values.report import TensorScan, scan_tensors
 from ckptinspect.commands.values.desync import desync_findings
 from ckptinspect.commands.values.rules import value_findings
@@ -175,14 +175,21 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
     audits: list[CheckpointAudit] = []
     picked: CheckpointAudit | None = None
     summary = None
-    lines: list[Lineage] = []
+    # what the lineage rules keep across iterations: a few numbers per iteration (`Step`) and the previous scanned
+    # iteration's fingerprints (CK524 compares neighbours only), never a parsed checkpoint
+    steps: list[Step] = []
+    stale: list[Finding] = []
+    prev: Lineage | None = None
     for it in save.iterations:
         is_pick = pick is not None and it.name == pick.name
         full = opts.all_iterations or is_pick
         a = audit_checkpoint(it.path, join_label(label, it.name), opts, full, save.style is SaveStyle.MEGATRON,
                              it.name)
+        steps.append(step_of(it.name, it.iteration, a.checkpoint))
         if (line := lineage_of(a.name, a.checkpoint, a.values)) is not None:
-            lines.append(line)
+            if (f := stale_save(prev, line, label)) is not None:
+                stale.append(f)
+            prev = line
         if is_pick:
             picked, summary = _summarized(a, opts)
             a = picked
@@ -193,7 +200,8 @@ def _audit_save_dir(path: Path, label: str, opts: AuditOptions) -> AuditReport:
         audits.append(a)
     statuses = {a.name or "": a.status for a in audits}
     own = _save_dir_findings(save, statuses, label, (f for a in audits for f in a.findings))
-    own = [*own, *stale_saves(lines, label)]  # `--all --values`: consecutive iterations with the same weights
+    # `--all --values`: consecutive iterations with the same weights; every audit: numbers that disagree
+    own = [*own, *stale, *step_findings(steps, save, label)]
     dir_findings = tuple(filter_findings(own, opts.select, opts.ignore))
     deciding = [picked.status if picked else Status.COMPLETE, status_of(dir_findings)]
     if opts.all_iterations:
@@ -276,9 +284,11 @@ def _list(path: Path, label: str, opts: AuditOptions) -> Listing:
     rows = []
     statuses: dict[str, Status] = {}
     reported: list[Finding] = []
+    steps: list[Step] = []
     for it in save.iterations:
         a = audit_checkpoint(it.path, join_label(label, it.name), opts, False, save.style is SaveStyle.MEGATRON, it.name)
         statuses[it.name] = a.status
+        steps.append(step_of(it.name, it.iteration, a.checkpoint))
         reported.extend(a.findings)
         c = a.checkpoint
         # an NVRx iteration is virtual (its files live in the rank dirs): the reader listed them
@@ -287,7 +297,7 @@ def _list(path: Path, label: str, opts: AuditOptions) -> Listing:
                                  sum(f.size or 0 for f in files), len(files),
                                  tracked is not None and tracked.name == it.name,
                                  tuple(sorted({f.code for f in a.findings}))))
-    findings = tuple(_save_dir_findings(save, statuses, label, reported))
+    findings = (*_save_dir_findings(save, statuses, label, reported), *step_findings(steps, save, label))
     return Listing(label, save.tracker.to_dict(), tuple(rows), findings)
 
 
