@@ -181,6 +181,12 @@ CODES: Mapping[str, CodeInfo] = {
         _c("CK523", "warning", None, "retain", "a --keep milestone does not exist in the save dir"),
         _c("CK524", "warning", None, "lineage", "an iteration's model weights are bit-identical to the previous "
            "iteration's (stale save)"),
+        _c("CK525", "warning", None, "lineage", "an iteration dir's name and the iteration in its common state disagree"),
+        _c("CK526", "warning", None, "lineage", "the tracker's iteration and the iteration stored in the dir it names "
+           "disagree"),
+        _c("CK527", "warning", None, "lineage", "consumed_train_samples went backwards between consecutive iterations"),
+        _c("CK528", "warning", None, "lineage", "the iteration advanced but consumed_train_samples did not"),
+        _c("CK529", "warning", None, "lineage", "the scheduler's step went backwards between consecutive iterations"),
         _c("CK530", "warning", None, "watch", "`watch`: a save stayed half-written (unchanged) past --stall-after"),
         _c("CK601", "error", "unsafe", "safety", "pickle references a dangerous callable (not executed)"),
         _c("CK602", "warning", None, "safety", "pickle references a global outside the allowlist"),

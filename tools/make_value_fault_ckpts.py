@@ -38,6 +38,10 @@ SAMPLES = {
     # a stale save: two iterations of one run with lr=0, a real optimizer step between them that leaves the weights
     # bit-equal (what `audit --all --values` must call CK524); the moments do change
     "stale_lr0": dict(_BASE, tp=1, optim_sharding="dp_reshardable", lr=0.0, iterations=(1, 2)),
+    # another run of the same model with a global batch of 1, saved at iteration 3 (consumed_train_samples 3,
+    # opt_param_scheduler.num_steps 3): its iter_0000003 put beside stale_lr0's iterations 1 and 2 (4 samples) is two
+    # runs in one save dir, where the counters go backwards (CK527, CK529; tests/unit/commands/test_lineage.py)
+    "restart_gbs1": dict(_BASE, tp=1, optim_sharding="dp_reshardable", micro_batch_size=1, iterations=(3,)),
 }
 DERIVED = ("healthy_dcp",)
 

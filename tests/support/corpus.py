@@ -44,6 +44,7 @@ from corpus_kit import (
 )
 from corpus_layouts import LAYOUT_CASES
 from corpus_legacy import LEGACY_CASES
+from corpus_lineage import LINEAGE_CASES
 from corpus_manifest import MANIFEST_CASES
 from corpus_safety import SAFETY_CASES
 from corpus_safetensors import SAFETENSORS_CASES
@@ -63,12 +64,14 @@ FAMILIES: dict[str, tuple[Case, ...]] = {
     "layouts": LAYOUT_CASES, "stacks": STACK_CASES, "dataloader": DATALOADER_CASES,
     # the release format and the value scan (`audit --values`): not replayed from object storage by CASES
     "safetensors": SAFETENSORS_CASES, "values": VALUES_CASES,
+    # save dirs put together from several real saves' iteration dirs (CK525-CK529)
+    "lineage": LINEAGE_CASES,
 }
 """Every case family of the acceptance corpus, in the order the acceptance test runs them."""
 
 ACCEPTANCE_CASES: tuple[Case, ...] = tuple(c for family in FAMILIES.values() for c in family)
 CASES: tuple[Case, ...] = tuple(c for name, family in FAMILIES.items()
-                                if name not in ("layouts", "stacks", "dataloader", "safetensors", "values")
+                                if name not in ("layouts", "stacks", "dataloader", "safetensors", "values", "lineage")
                                 for c in family)
 
 _BY_NAME = {c.name: c for c in ACCEPTANCE_CASES}

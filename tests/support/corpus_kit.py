@@ -64,6 +64,8 @@ SOURCES: dict[str, tuple[Path, tuple[str, ...]]] = {
     # megatron-core 0.16.1 saves with value faults put in before the save (tests/support/corpus_values.py)
     **{f"values_{n}": (VALUES / n, ("latest_checkpointed_iteration.txt", "iter_0000001/.metadata"))
        for n in ("weights", "moments", "desync", "healthy_tp2", "stale_lr0")},
+    # another real run of stale_lr0's model (global batch 1), saved at iteration 3 only (tests/support/corpus_lineage.py)
+    "values_restart_gbs1": (VALUES / "restart_gbs1", ("latest_checkpointed_iteration.txt", "iter_0000003/.metadata")),
 }
 
 
