@@ -204,6 +204,20 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
+def release_frozen() -> None:
+    """Hand what earlier loads froze (`no_gc`) back to the collector, and collect.
+
+    Every load makes its own stand-in classes, and a class is a cycle (its `__mro__` names it): refcounting never
+    frees one, and once frozen the collector never sees it, so a process reading checkpoint after checkpoint keeps
+    ~8-30 KB per read for good (measured: 7.6 KiB per `read_checkpoint` of the torch_dist sample, 0.16 with this).
+    Loops over many checkpoints (a save-dir audit, `ls`, `watch`) call it between two, when the last one's model is
+    gone: the collection then walks only what is still alive, and what survives is frozen again (later full
+    collections stay cheap)."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
 def load_pickle(
     source: bytes | memoryview | IO[bytes], report: PickleReport | None = None, records: Records = NO_RECORDS,
     prewalked: bool = False,

@@ -10,12 +10,12 @@ and findings, not its parsed metadata.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ckptinspect.pickling.unpickle import release_frozen
 from ckptinspect.commands.audit.lineage import Lineage, Step, lineage_of, stale_save, step_findings, step_of
 from ckptinspect.commands.values.report import TensorScan, scan_tensors
 from ckptinspect.commands.values.desync import desync_findings
@@ -240,9 +240,7 @@ def _collect_frozen(done: int) -> None:
     55 ms per `ls` iteration when run after every one), hence every 4. What survives is frozen again."""
     if done % COLLECT_EVERY:
         return
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+    release_frozen()
 
 
 def _slim(c: Checkpoint) -> Checkpoint:

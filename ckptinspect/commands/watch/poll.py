@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptinspect.pickling.unpickle import release_frozen
 from ckptinspect.commands.audit.audit import AuditOptions, audit_checkpoint
 from ckptinspect.commands.watch.state import Event, EventKind, Seen, Snapshot, Verdict, Watcher
 from ckptinspect.errors import CkptInspectError, UsageError
@@ -92,13 +93,15 @@ class Poller:
         it = next(i for i in save.iterations if i.name == name)
         a = audit_checkpoint(it.path, join_label(self.label, it.name), AuditOptions(hash=self.opts.hash), True,
                              save.style is SaveStyle.MEGATRON, it.name)
-        codes = tuple(sorted({f.code for f in a.findings}))
-        if a.status not in _UNFINISHED:
-            return Verdict(a.status, codes, False)
+        codes, status = tuple(sorted({f.code for f in a.findings})), a.status
+        del a
+        release_frozen()  # the audit's frozen leftovers (`pickling.unpickle.release_frozen`): a long watch stays flat
+        if status not in _UNFINISHED:
+            return Verdict(status, codes, False)
         t = save.tracker
         tracked = t.iteration if t.exists and t.error is None else None
         age = age_of(it.path, it.iteration if isinstance(it.iteration, int) else None, tracked=tracked)
-        return Verdict(a.status, codes, not age.superseded)
+        return Verdict(status, codes, not age.superseded)
 
 
 def signature(path: Path) -> str:
