@@ -156,11 +156,22 @@ def add_bridge_energon(out: str) -> None:
     Megatron-Bridge v0.6.0 `training/checkpointing.py`: `save_checkpoint` L1174-1187 defaults `dataloader_save` to
     `{checkpoint.save}/energon` (`DATALOADER_STATE_SUBDIR`, L145); `maybe_save_dataloader_state` L1733-1750 has the
     TP/PP/CP leader of each DP replica write `get_checkpoint_name(path, it)/train_dataloader_dprank{dp:03d}.pt` =
-    `torch.save({"dataloader_state_dict": train_iterator.iterable.save_state()})`. Energon (megatron-energon) is not
-    installed here, so the inner state is a stand-in of builtins only; the outer layout and the torch.save archive
-    around it are Bridge's. One file per DP rank of the payload (DP 2), per iteration.
+    `torch.save({"dataloader_state_dict": train_iterator.iterable.save_state()})`. The state is megatron-energon's
+    own classes (7.4.1: `SavableDataLoader.save_state` returns a `SavableDataLoaderState` whose `worker_states` are
+    `SavableDatasetCheckpoint`s of a `SavableDatasetState` with the process RNGs in a `SystemRngState` and the
+    dataset's `FlexState`), built here with the real classes rather than by a running loader (that needs a prepared
+    webdataset): the pickle's globals and encoding are energon's. One file per DP rank of the payload (DP 2), per
+    iteration. Energon installs without its dataset dependencies for this:
+    `pip install --no-deps --target DIR megatron-energon==7.4.1 braceexpand rapidyaml deprecation filetype pillow
+    webdataset` and `PYTHONPATH=DIR`.
     """
+    import random
+
+    import numpy
     import torch
+    from megatron.energon.rng import SystemRngState
+    from megatron.energon.savable_loader import SavableDataLoaderState, SavableDatasetCheckpoint, SavableDatasetState
+    from megatron.energon.state import FlexState
 
     dp = PAYLOAD["dp"]
     for name in sorted(n for n in os.listdir(out) if n.startswith("iter_")):
@@ -169,8 +180,14 @@ def add_bridge_energon(out: str) -> None:
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         for rank in range(dp):
-            state = {"rank": rank, "world_size": dp, "micro_batch_size": 1,
-                     "worker_states": [{"sample_index": it * 2 + rank, "epoch": 0, "rng_seed": 1234 + rank}]}
+            torch.manual_seed(1234 + rank)
+            numpy.random.seed(1234 + rank)
+            random.seed(1234 + rank)
+            rng = SystemRngState(torch=torch.get_rng_state(), numpy=numpy.random.get_state(), random=random.getstate())
+            ds = SavableDatasetState(rng=rng, dataset_state=FlexState(sample_index=it * 2 + rank, epoch=0),
+                                     sample_index=it * 2 + rank)
+            state = SavableDataLoaderState(worker_states=[SavableDatasetCheckpoint(state=ds, offset=0)],
+                                           next_worker_id=0, micro_batch_size=1)
             torch.save({"dataloader_state_dict": state}, os.path.join(d, f"train_dataloader_dprank{rank:03d}.pt"))
     print(f"[bridge] {out}/energon: Energon-layout dataloader state for DP {dp}")
 

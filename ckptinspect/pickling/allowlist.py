@@ -131,8 +131,21 @@ _ALLOWED_EXACT: frozenset[tuple[str, str]] = frozenset(
         ("torch.distributed._mesh_layout", "_FlatLayout"),
         ("torch.nested._internal.nested_tensor", "NestedTensor"),
         ("torch.nested._internal.nested_tensor", "_rebuild_njt"),
+        # Megatron Energon's dataloader state (Megatron-Bridge's per-DP-rank `energon/iter_N/
+        # train_dataloader_dprank*.pt`): exactly the classes Bridge's own restricted loader allows
+        # (`utils/safe_pickle.py` `_EnergonUnpickler`, v0.6.0) that a real state file was seen to hold (Bridge also
+        # allows `SavableCheckpoint` and webdataset's `SliceState`: not seen, not allowed). Slotted kw-only dataclasses made by NEWOBJ +
+        # BUILD, and `FlexState`, a plain `dict` subclass (energon 7.4.1 `state.py`): data, no hook of their own.
+        ("megatron.energon.state", "FlexState"),
+        ("megatron.energon.rng", "SystemRngState"),
+        ("megatron.energon.savable_loader", "SavableDataLoaderState"),
+        ("megatron.energon.savable_loader", "SavableDatasetCheckpoint"),
+        ("megatron.energon.savable_loader", "SavableDatasetState"),
     }
 )
+
+# Allowed classes that are `dict` subclasses: their stand-in must take SETITEMS (`standins.DictObj`).
+DICT_SUBCLASSES: frozenset[tuple[str, str]] = frozenset({("megatron.energon.state", "FlexState")})
 
 # Exact names allowed inside modules that are otherwise dangerous: what real checkpoints carry and the real loaders
 # allow (Megatron-Core's `safe_globals.py` registers both with torch's `weights_only` unpickler). `signal.Signals` is

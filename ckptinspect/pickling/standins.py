@@ -151,6 +151,14 @@ class StatefulObj(Obj):
             self.__dict__["_state"] = state
 
 
+class DictObj(dict):  # type: ignore[type-arg]
+    """Stand-in for an allowed `dict` subclass (`allowlist.DICT_SUBCLASSES`: Energon's `FlexState`): NEWOBJ makes an
+    empty one, SETITEMS fills it through dict's own item assignment, a BUILD state lands in its `__dict__`; readers
+    see a dict."""
+
+    qualname: ClassVar[str] = "?"
+
+
 class Opaque(StatefulObj):
     """Placeholder for a global outside the allowlist (unknown or dangerous). It is never called for real."""
 

@@ -26,6 +26,7 @@ from ckptinspect.errors import LimitExceeded, ReadError
 from ckptinspect.pickling.builders import BUILDERS, DType, StorageRef, StorageType
 from ckptinspect.pickling.walk import PickleWalk, walk_pickle, walk_stream
 from ckptinspect.pickling.allowlist import (
+    DICT_SUBCLASSES,
     TORCH_DTYPES,
     TORCH_STORAGE_DTYPES,
     GlobalClass,
@@ -35,6 +36,7 @@ from ckptinspect.pickling.report import PickleReport as PickleReport
 from ckptinspect.pickling.standins import (
     HEAPTYPE,
     CRec as CRec,
+    DictObj,
     FrozenCall,
     Obj as Obj,
     Opaque as Opaque,
@@ -96,7 +98,7 @@ class SafeUnpickler(pickle.Unpickler):
         self.records = records
         self._in_plans = False
         self._shared: dict[type[Rec], Rec] = {}
-        self._classes: dict[str, type[Obj]] = {}
+        self._classes: dict[str, type[Any]] = {}
         self._recs: dict[str, type[Rec]] = {}
         self._builders: dict[str, Any] = {}
 
@@ -119,6 +121,8 @@ class SafeUnpickler(pickle.Unpickler):
                 return StorageType(TORCH_STORAGE_DTYPES[name])
             if qual in self.records.classes:
                 return self._rec(qual)
+            if (module, name) in DICT_SUBCLASSES:
+                return self._stub(qual, DictObj)
             return self._stub(qual, StatefulObj)
         cls = self._stub(qual, Opaque)
         type.__setattr__(cls, "verdict", verdict)
@@ -169,7 +173,7 @@ class SafeUnpickler(pickle.Unpickler):
             if qual in self.records.discard:
                 self._discard(cls, qual)
 
-    def _stub(self, qual: str, base: type[Obj]) -> type[Obj]:
+    def _stub(self, qual: str, base: type[Any]) -> type[Any]:
         cls = self._classes.get(qual)
         if cls is None:
             cls = frozen_class(qual.rsplit(".", 1)[-1], (base,), {"qualname": qual})

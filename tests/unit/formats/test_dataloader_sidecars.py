@@ -44,6 +44,29 @@ def test_healthy_bridge_sidecars_are_read_without_a_finding() -> None:
     assert not codes(c) & DL_CODES
 
 
+def test_real_energon_state_classes_are_judged_safe_and_read() -> None:
+    """The sample's files pickle megatron-energon 7.4.1's own classes (`SavableDataLoaderState`, ..., `FlexState`,
+    a dict subclass filled by SETITEMS). Bridge's restricted loader allows exactly them; before they were allowed
+    here, a real Bridge save with Energon state read `unsafe` (CK604) and, once allowed, `corrupt` (FlexState's
+    SETITEMS on an object stand-in)."""
+    from ckptinspect.pickling.allowlist import GlobalClass
+    from ckptinspect.pickling.report import PickleReport
+    from ckptinspect.pickling.torch_archive import read_torch_file
+
+    f = SAMPLES / "bridge" / ENERGON / "train_dataloader_dprank000.pt"
+    archive = read_torch_file(f)
+    report: PickleReport = archive.report
+    energon = {q for q in report.globals if q.startswith("megatron.energon.")}
+    assert energon == {"megatron.energon.rng.SystemRngState", "megatron.energon.state.FlexState",
+                       *(f"megatron.energon.savable_loader.{n}" for n in
+                         ("SavableDataLoaderState", "SavableDatasetCheckpoint", "SavableDatasetState"))}
+    assert all(v is GlobalClass.ALLOWED for v in report.globals.values()) and not report.called
+    assert not report.unsafe and not report.dangerous
+    state = archive.obj["dataloader_state_dict"]
+    ds = state.__dict__["worker_states"][0].__dict__["state"].__dict__["dataset_state"]
+    assert isinstance(ds, dict) and ds["sample_index"] == 4
+
+
 def test_healthy_torchtitan_items_are_read_with_the_recorded_dp() -> None:
     c = read(SAMPLES / "torchtitan_dataloader")
     # dp = dataloader.world_size, read from its byte item with the allowlisting unpickler (DCP gives no DP)
